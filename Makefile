@@ -1,0 +1,45 @@
+# dsv4lab: `make demo` runs the story on the twin; `make test` runs every test, lint and type check.
+# Both create .venv when it is missing and (re)install when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install lint typecheck pytest sshd clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dsv4lab needs Python 3.10 or newer; found " + sys.version.split()[0])'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m dsv4lab demo --out reports
+
+# OpenSSH server for the SSH tests: installed when missing and we are root (CI runs as root).
+sshd:
+	@if [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing openssh-server for the SSH tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null) \
+	    || echo "warning: could not install openssh-server; SSH tests will skip (or fail with CI=true)"; \
+	else echo "note: sshd not found and not root: SSH tests will skip (or fail with CI=true)"; fi
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+pytest: install sshd
+	$(PY) -m pytest -q
+
+test: pytest lint typecheck
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,7 @@
+"""``python -m dsv4lab`` is the ``dsv4lab`` command."""
+
+import sys
+
+from dsv4lab.cli import main
+
+sys.exit(main())

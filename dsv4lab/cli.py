@@ -1,0 +1,176 @@
+"""The ``dsv4lab`` command line.
+
+Errors that dsv4lab raises on purpose are printed as one ``Error: ...`` line with exit status 2, so
+scripts can branch on them and people are not shown a traceback for a typo; anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from dsv4lab import __version__
+from dsv4lab.config import ServerConfig, diff, field_help, field_names, load
+from dsv4lab.errors import ConfigError, DSV4LabError
+from dsv4lab.presets import PRESETS, preset
+from dsv4lab.render import render_argv, render_env_file, render_launch_script, server_command
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--set", item, "FIELD=VALUE, e.g. mem_fraction_static=0.6 or speculative.num_steps=2")
+        out[key.strip()] = value
+    return out
+
+
+def _config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if args.file:
+        config = load(args.file)
+    else:
+        config = preset(args.preset or "config_a")
+    if args.set:
+        config = config.with_overrides(_parse_sets(args.set))
+    return config
+
+
+def _config_ref(ref: str) -> ServerConfig:
+    """A preset name or a path to a .toml/.json config."""
+    if ref in PRESETS:
+        return preset(ref)
+    if Path(ref).suffix in (".toml", ".json"):
+        return load(ref)
+    raise ConfigError("config", ref, f"a preset ({', '.join(PRESETS)}) or a .toml/.json file")
+
+
+def _add_config_source(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", choices=sorted(PRESETS), help="start from a story preset (default config_a)")
+    src.add_argument("--file", help="start from a .toml or .json config file")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field (repeatable); dotted for nested: speculative.num_steps=2, env.NCCL_PROTO=LL",
+    )
+
+
+def _cmd_config_show(args: argparse.Namespace) -> int:
+    config = _config_from_args(args)
+    if args.format == "json":
+        print(config.to_json())
+    elif args.format == "toml":
+        print(config.to_toml(), end="")
+    else:
+        width = max(len(n) for n in field_names())
+        for key, value in config.to_dict().items():
+            print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _cmd_config_render(args: argparse.Namespace) -> int:
+    config = _config_from_args(args)
+    version = args.sglang_version
+    if args.what == "argv":
+        words = server_command(version, python=args.python, target=args.target) + render_argv(config, version)
+        import shlex
+
+        print(" ".join(shlex.quote(w) for w in words))
+    elif args.what == "env":
+        print(render_env_file(config), end="")
+    else:
+        print(
+            render_launch_script(
+                config, run_dir=args.run_dir, sglang_version=version, python=args.python, target=args.target
+            ),
+            end="",
+        )
+    return 0
+
+
+def _cmd_config_diff(args: argparse.Namespace) -> int:
+    d = diff(_config_ref(args.a), _config_ref(args.b))
+    print(d)
+    return 0
+
+
+def _cmd_config_fields(args: argparse.Namespace) -> int:
+    for name in field_names():
+        print(f"{name:<32} {field_help(name)}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from dsv4lab.demo import run_demo
+
+    out = run_demo(Path(args.out))
+    print(f"dsv4lab demo wrote: {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dsv4lab", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"dsv4lab {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+
+    config = verbs.add_parser("config", help="show, render and compare server configs")
+    cverbs = config.add_subparsers(dest="config_verb", required=True, metavar="ACTION")
+
+    show = cverbs.add_parser("show", help="print a config")
+    _add_config_source(show)
+    show.add_argument("--format", choices=["table", "toml", "json"], default="toml")
+    show.set_defaults(func=_cmd_config_show)
+
+    render = cverbs.add_parser("render", help="print the launch script, argv or env file for an SGLang release")
+    _add_config_source(render)
+    render.add_argument("--sglang-version", default=None, help="release to render for (default: newest known)")
+    render.add_argument("--what", choices=["script", "argv", "env"], default="script")
+    render.add_argument("--target", choices=["sglang", "twin"], default="sglang")
+    render.add_argument("--python", default="python3", help="interpreter on the host that runs the server")
+    render.add_argument(
+        "--run-dir", default="~/dsv4lab-runs/run", help="run directory on the host (~/ = the host user home)"
+    )
+    render.set_defaults(func=_cmd_config_render)
+
+    d = cverbs.add_parser("diff", help="list what changed from config A to config B")
+    d.add_argument("a", help="preset name or .toml/.json file")
+    d.add_argument("b", help="preset name or .toml/.json file")
+    d.set_defaults(func=_cmd_config_diff)
+
+    fields = cverbs.add_parser("fields", help="list every config field with its help")
+    fields.set_defaults(func=_cmd_config_fields)
+
+    demo = verbs.add_parser("demo", help="run the story as far as the project can take it")
+    demo.add_argument("--out", default="reports", help="directory to write the demo's output under")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            status = int(args.func(args))
+        except DSV4LabError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            status = EXIT_USAGE
+    for w in caught:
+        print(f"Note: {w.message}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsv4lab.cli import main
+from dsv4lab.config import ServerConfig, save
+from dsv4lab.presets import config_b_fixed
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4lab", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_render_story_script_for_0_5_23() -> None:
+    proc = run_cli("config", "render", "--preset", "config_b", "--sglang-version", "0.5.23")
+    assert proc.returncode == 0, proc.stderr
+    assert "--speculative-num-draft-tokens 2" in proc.stdout
+    check = subprocess.run(["bash", "-n"], input=proc.stdout, text=True, capture_output=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+
+
+def test_render_argv_with_set_and_version_note() -> None:
+    proc = run_cli(
+        "config",
+        "render",
+        "--preset",
+        "config_b",
+        "--set",
+        "mem_fraction_static=0.6",
+        "--set",
+        "cuda_graph_max_bs=16",
+        "--sglang-version",
+        "0.5.10",
+        "--what",
+        "argv",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V4-Flash")
+    assert "--cuda-graph-max-bs 16" in proc.stdout and "--mem-fraction-static 0.6" in proc.stdout
+    assert "Note: SGLang 0.5.10 is not a release dsv4lab knows" in proc.stderr
+
+
+def test_bad_value_prints_one_error_line_and_exits_2() -> None:
+    proc = run_cli("config", "show", "--set", "mem_fraction_static=1.5")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "Error: mem_fraction_static=1.5 is not valid: a number strictly between 0 and 1, or unset"
+    )
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_unsupported_flag_exits_2() -> None:
+    proc = run_cli("config", "render", "--set", "kv_cache_dtype=mxfp8", "--sglang-version", "0.5.4")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error: SGLang 0.5.4 has no launch flag for kv_cache_dtype")
+
+
+def test_usage_errors_exit_2() -> None:
+    assert run_cli("config", "render", "--preset", "nope").returncode == 2
+    assert run_cli("config", "show", "--set", "novalue").returncode == 2
+    assert run_cli().returncode == 2
+
+
+def test_show_round_trips_through_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = save(config_b_fixed(), tmp_path / "fixed.toml")
+    assert main(["config", "show", "--file", str(path), "--format", "json"]) == 0
+    shown = ServerConfig.from_dict(json.loads(capsys.readouterr().out))
+    assert shown == config_b_fixed()
+    assert main(["config", "show", "--preset", "config_a", "--format", "table"]) == 0
+    assert "mem_fraction_static" in capsys.readouterr().out
+
+
+def test_diff_presets_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = save(config_b_fixed(), tmp_path / "fixed.json")
+    assert main(["config", "diff", "config_b", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "mem_fraction_static: 0.7 -> 0.6",
+        "cuda_graph_max_bs: (unset) -> 16",
+    ]
+    assert main(["config", "diff", "config_b", "other"]) == 2
+    assert "a preset (config_a, config_b, config_b_fixed) or a .toml/.json file" in capsys.readouterr().err
+
+
+def test_fields_lists_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "fields"]) == 0
+    out = capsys.readouterr().out
+    assert "speculative.num_draft_tokens" in out and "mem_fraction_static" in out
+
+
+def test_demo_writes_and_prints_its_path(tmp_path: Path) -> None:
+    proc = run_cli("demo", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    out = Path(proc.stdout.strip().rsplit(": ", 1)[1])
+    assert out.parent == tmp_path
+    assert (out / "README.md").exists()
+    assert (out / "2-config-b" / "launch.sh").exists()
