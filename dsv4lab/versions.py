@@ -103,6 +103,9 @@ class SGLangRelease:
     log_style: str = "old"
     #: kill_process_tree logs a line from 0.5.16 on.
     logs_kill_process_tree: bool = False
+    #: 0.5.23 loads draft weights before sizing KV (inside the static fraction) and folds draft KV into
+    #: the target's bytes per token; 0.5.4 puts both in the slack outside the fraction.
+    draft_in_static: bool = False
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -154,6 +157,7 @@ RELEASES: tuple[SGLangRelease, ...] = (
         model_info_path="/model_info",
         log_style="new",
         logs_kill_process_tree=True,
+        draft_in_static=True,
     ),
 )
 
