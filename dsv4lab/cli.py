@@ -111,6 +111,39 @@ def _cmd_config_fields(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    import json
+
+    from dsv4lab.memory import preflight, suggest
+
+    config = _config_from_args(args)
+    p = preflight(config, args.hardware, args.model, sglang_version=args.sglang_version)
+    options = (
+        suggest(
+            config,
+            args.hardware,
+            args.model,
+            concurrency=args.concurrency,
+            context_len=args.context_len,
+            margin_gib=args.margin_gib,
+            sglang_version=args.sglang_version,
+        )
+        if not p.fits or p.runtime_risk
+        else []
+    )
+    if args.json:
+        out = p.to_dict()
+        out["suggestion"] = options[0].to_dict() if options else None
+        out["alternatives"] = [o.to_dict() for o in options[1:]]
+        print(json.dumps(out, indent=2))
+        return 0
+    print(p.explain())
+    for i, o in enumerate(options):
+        label = "Suggested" if i == 0 else "Alternative"
+        print(f"{label}: {o.as_flags(args.sglang_version)} -- {o.why}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from dsv4lab.demo import run_demo
 
@@ -151,6 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
     fields = cverbs.add_parser("fields", help="list every config field with its help")
     fields.set_defaults(func=_cmd_config_fields)
 
+    pf = verbs.add_parser("preflight", help="predict whether a config fits in GPU memory, and what would")
+    _add_config_source(pf)
+    pf.add_argument("--hardware", default="rtx-pro-6000-x8", help="hardware profile (see dsv4lab.hardware)")
+    pf.add_argument("--model", default=None, help="model profile (default: from the config's model_path)")
+    pf.add_argument("--sglang-version", default=None, help="release whose memory behaviour to model")
+    pf.add_argument("--concurrency", type=int, default=None, help="largest concurrency you will serve")
+    pf.add_argument("--context-len", type=int, default=None, help="context per request the KV pool must hold")
+    pf.add_argument("--margin-gib", type=float, default=4.0, help="GiB a suggestion must leave free")
+    pf.add_argument("--json", action="store_true", help="print one JSON object")
+    pf.set_defaults(func=_cmd_preflight)
+
     demo = verbs.add_parser("demo", help="run the story as far as the project can take it")
     demo.add_argument("--out", default="reports", help="directory to write the demo's output under")
     demo.set_defaults(func=_cmd_demo)
@@ -167,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DSV4LabError as exc:
             print(f"Error: {exc}", file=sys.stderr)
             status = EXIT_USAGE
+        except BrokenPipeError:  # e.g. `dsv4lab ... | head`: the reader left, nothing to report
+            sys.stderr.close()
+            return 0
     for w in caught:
         print(f"Note: {w.message}", file=sys.stderr)
     return status

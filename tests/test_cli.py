@@ -101,3 +101,38 @@ def test_demo_writes_and_prints_its_path(tmp_path: Path) -> None:
     assert out.parent == tmp_path
     assert (out / "README.md").exists()
     assert (out / "2-config-b" / "launch.sh").exists()
+
+
+def test_preflight_json_contract() -> None:
+    proc = run_cli("preflight", "--preset", "config_b", "--json", "--concurrency", "16")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["fits"] is False
+    assert out["fail_phase"] == "cuda_graph_capture"
+    assert 17 < out["short_by_gib"] < 23
+    assert len(out["per_gpu"]) == 8
+    assert out["suggestion"]["changes"] == {"cuda_graph_max_bs": 16}
+
+
+def test_preflight_set_and_hardware() -> None:
+    proc = run_cli(
+        "preflight",
+        "--preset",
+        "config_b",
+        "--set",
+        "mem_fraction_static=0.6",
+        "--set",
+        "cuda_graph_max_bs=16",
+        "--hardware",
+        "rtx-pro-6000-x8",
+        "--json",
+    )
+    out = json.loads(proc.stdout)
+    assert out["fits"] is True and out["fail_phase"] is None and out["short_by_gib"] is None
+    assert out["suggestion"] is None
+    human = run_cli("preflight", "--preset", "config_b")
+    assert "Predicted: OOM in cuda_graph_capture on GPU 1" in human.stdout
+    assert "Suggested: --cuda-graph-max-bs-decode" in human.stdout
+    bad = run_cli("preflight", "--preset", "config_a", "--hardware", "a100")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "Error: hardware='a100' is not valid: one of rtx-pro-6000-x8, h200-x8, tiny"
