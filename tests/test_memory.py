@@ -91,7 +91,7 @@ def test_suggest_without_concurrency_takes_the_largest_cap() -> None:
     cap = options[0].changes["cuda_graph_max_bs"]
     assert 16 < cap < 256
     assert options[0].preflight.min_headroom_gib >= 4.0
-    bigger = [s for s in capture_batch_sizes(256, True) if s > cap][0]
+    bigger = next(s for s in capture_batch_sizes(256, True) if s > cap)
     too_big = preflight(config_b().replace(cuda_graph_max_bs=bigger))
     assert not too_big.fits or too_big.min_headroom_gib < 4.0
 
