@@ -51,3 +51,58 @@ class UnsupportedFlagError(VersionError):
         if hint:
             text += f"; {hint}"
         super().__init__(text)
+
+
+class HostError(DSV4LabError):
+    """Something about reaching or using a host (local or over SSH) went wrong."""
+
+
+class HostConnectionError(HostError):
+    """The connection to a host failed or dropped.
+
+    Kept apart from server failures on purpose: a dropped SSH session says nothing about whether the
+    server on the other end is alive, and must never be reported as a crash.
+    """
+
+
+class HostKeyError(HostError):
+    """The host's SSH key is unknown or has changed.
+
+    An unknown key is trusted only by an explicit opt-in (which records it in a known_hosts file); a
+    changed key is always refused. The fingerprint is in the message so it can be checked out of band.
+    """
+
+    def __init__(self, host: str, key_type: str, fingerprint: str, *, changed: bool, known_hosts: str) -> None:
+        self.host = host
+        self.key_type = key_type
+        self.fingerprint = fingerprint
+        self.changed = changed
+        if changed:
+            text = (
+                f"the {key_type} host key of {host} has CHANGED (now {fingerprint}); refusing to connect. "
+                f"If the host was really reinstalled, remove its old entry from {known_hosts} after checking "
+                "the new fingerprint out of band"
+            )
+        else:
+            text = (
+                f"the {key_type} host key of {host} is not known (fingerprint {fingerprint}). Check it out of "
+                f"band, then connect with trust_unknown_host=True (CLI: --trust-host-key) to record it in "
+                f"{known_hosts}"
+            )
+        super().__init__(text)
+
+
+class CommandError(HostError):
+    """A command on a host exited non-zero or timed out; carries the command and its last output lines."""
+
+    def __init__(self, host: str, command: str, exit_status: int | None, tail: str, *, timed_out: bool = False) -> None:
+        self.host = host
+        self.command = command
+        self.exit_status = exit_status
+        self.tail = tail
+        self.timed_out = timed_out
+        what = "timed out" if timed_out else f"exited with status {exit_status}"
+        text = f"on {host}: `{command}` {what}"
+        if tail:
+            text += f"; last output:\n{tail}"
+        super().__init__(text)

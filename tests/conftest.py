@@ -8,8 +8,13 @@ a skip there would hide a broken setup.
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 
 import pytest
+
+from dsv4lab.hosts import Host, LocalHost, SSHHost
+from tests.sshd import SSHD, sshd_binary, start_sshd
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -21,3 +26,33 @@ def require(available: bool, what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} is required under CI=true but is missing; `make test` should have installed it")
     pytest.skip(f"{what} is not available here")
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHD]:
+    """A real OpenSSH server on 127.0.0.1 (fails under CI=true when sshd is missing)."""
+    require(sshd_binary() is not None and shutil.which("ssh-keygen") is not None, "OpenSSH server (sshd, ssh-keygen)")
+    yield from start_sshd(tmp_path_factory.mktemp("sshd"))
+
+
+@pytest.fixture
+def ssh_host(sshd: SSHD) -> Iterator[SSHHost]:
+    host = SSHHost(
+        sshd.target,
+        key_filename=sshd.key_path,
+        known_hosts=sshd.known_hosts,
+        ssh_config=None,
+        allow_agent=False,
+        look_for_keys=False,
+    )
+    yield host
+    host.close()
+
+
+@pytest.fixture(params=["local", "ssh"])
+def any_host(request: pytest.FixtureRequest) -> Host:
+    """Each host test runs against this machine and against the real sshd."""
+    if request.param == "local":
+        return LocalHost()
+    host: Host = request.getfixturevalue("ssh_host")
+    return host

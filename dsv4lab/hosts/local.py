@@ -1,0 +1,118 @@
+"""This machine as a host: subprocesses and plain files, for the twin and for tests."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from dsv4lab.hosts.base import CommandResult, Follower, Host, LogLine, PortForward
+
+__all__ = ["LocalHost"]
+
+#: How often a local follower looks for new bytes.
+_POLL_S = 0.02
+
+
+class LocalHost(Host):
+    """Runs commands with ``subprocess`` and reads files directly."""
+
+    def __init__(self, name: str = "localhost") -> None:
+        self.name = name
+
+    def run(self, command: Sequence[str] | str, *, timeout_s: float, input_text: str | None = None) -> CommandResult:
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        shown = command if isinstance(command, str) else shlex.join(argv)
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                argv,
+                input=input_text,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+                stdin=None if input_text is not None else subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            return CommandResult(self.name, shown, None, out, err, time.monotonic() - start, timed_out=True)
+        return CommandResult(self.name, shown, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+    def _path(self, path: str) -> Path:
+        return Path(os.path.expanduser(path))
+
+    def put_text(self, path: str, text: str, *, mode: int = 0o644) -> None:
+        p = self._path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.chmod(mode)
+        tmp.replace(p)
+
+    def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str | None:
+        p = self._path(path)
+        try:
+            with p.open("rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - max_bytes))
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return None
+
+    def put(self, local_path: str, remote_path: str) -> None:
+        shutil.copyfile(local_path, self._path(remote_path))
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        shutil.copyfile(self._path(remote_path), local_path)
+
+    def follow(self, path: str, from_offset: int = 0) -> Follower:
+        return _LocalFollower(self._path(path), from_offset)
+
+    def forward(self, remote_port: int) -> PortForward:
+        """The host is this machine: the port is reachable as it is."""
+        return PortForward(local_port=remote_port, remote_port=remote_port)
+
+    def home_path(self, path: str) -> str:
+        return os.path.expanduser(path)
+
+
+class _LocalFollower(Follower):
+    def __init__(self, path: Path, offset: int) -> None:
+        super().__init__(offset)
+        self._path = path
+        self._file: BinaryIO | None = None
+
+    def _open(self) -> bool:
+        if self._file is None:
+            try:
+                f = self._path.open("rb")
+            except FileNotFoundError:
+                return False
+            f.seek(self.offset)
+            self._file = f
+        return True
+
+    def poll(self, timeout_s: float) -> list[LogLine]:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            if self._open():
+                assert self._file is not None
+                data = self._file.read()
+                if data:
+                    lines = self._split(data)
+                    if lines:
+                        return lines
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
