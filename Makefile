@@ -6,7 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint typecheck pytest sshd clean
+SGLANG_PARSERS ?= .cache/sglang-parsers
+
+.PHONY: demo test install lint typecheck pytest sshd sglang-parsers clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dsv4lab needs Python 3.10 or newer; found " + sys.version.split()[0])'
@@ -29,6 +31,11 @@ sshd:
 	    || echo "warning: could not install openssh-server; SSH tests will skip (or fail with CI=true)"; \
 	else echo "note: sshd not found and not root: SSH tests will skip (or fail with CI=true)"; fi
 
+# Real SGLang launch_server parsers (one small CPU venv per release) for the rendered-argv tests.
+sglang-parsers:
+	@bash tools/sglang_parser_venvs.sh $(SGLANG_PARSERS) \
+	  || echo "warning: some SGLang parser venvs failed to build; their tests will skip (or fail with CI=true)"
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -36,8 +43,8 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-pytest: install sshd
-	$(PY) -m pytest -q
+pytest: install sshd sglang-parsers
+	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) $(PY) -m pytest -q
 
 test: pytest lint typecheck
 

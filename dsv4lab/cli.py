@@ -12,6 +12,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dsv4lab import __version__
 from dsv4lab.config import ServerConfig, diff, field_help, field_names, load
@@ -144,6 +145,139 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     return 0
 
 
+def _host_from_args(args: argparse.Namespace) -> Any:
+    from dsv4lab.hosts import open_host
+
+    if not args.host:
+        return open_host(None)
+    return open_host(args.host, known_hosts=args.known_hosts, trust_unknown_host=args.trust_host_key)
+
+
+def _add_host_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=None, help="SSH alias or user@host[:port] (default: this machine)")
+    p.add_argument("--known-hosts", default="~/.ssh/known_hosts", help="known_hosts file to check host keys")
+    p.add_argument(
+        "--trust-host-key",
+        action="store_true",
+        help="record an UNKNOWN host key in --known-hosts (check its fingerprint first); changed keys are refused",
+    )
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import json
+
+    from dsv4lab.launch import launch
+
+    config = _config_from_args(args)
+    host = _host_from_args(args)
+    twin_env = {"DSV4LAB_TWIN_HARDWARE": args.hardware} if args.twin else None
+    if args.twin and args.time_scale is not None:
+        assert twin_env is not None
+        twin_env["DSV4LAB_TWIN_TIME_SCALE"] = str(args.time_scale)
+    if args.twin and args.fault:
+        assert twin_env is not None
+        twin_env["DSV4LAB_TWIN_FAULT"] = args.fault
+    handle = launch(
+        host,
+        config,
+        args.run_dir,
+        target="twin" if args.twin else "sglang",
+        sglang_version=args.sglang_version,
+        twin_env=twin_env,
+        replace_stale=args.replace_stale,
+    )
+    if args.json:
+        print(json.dumps(handle.to_dict(), indent=2))
+    else:
+        print(f"started {handle.target} on {host.name}: launcher PID {handle.launcher_pid}, run dir {handle.run_dir}")
+        print(f"next: dsv4lab watch {handle.run_dir}" + (f" --host {args.host}" if args.host else ""))
+    return 0
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    import json
+
+    from dsv4lab.launch import attach
+    from dsv4lab.watch import wait_ready
+
+    handle = attach(_host_from_args(args), args.run_dir)
+    result = wait_ready(
+        handle,
+        args.timeout,
+        stall_after_s=args.stall_after,
+        keep_running=args.keep_running,
+        progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(f"{result.verdict.value}: {result.reason}")
+        for line in result.evidence[-20:]:
+            print(f"  | {line}")
+    return 0 if result.ready else 1
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from dsv4lab.launch import attach
+
+    handle = attach(_host_from_args(args), args.run_dir)
+    print(handle.stop(grace_s=args.grace))
+    return 0
+
+
+def _cmd_ps(args: argparse.Namespace) -> int:
+    from dsv4lab.launch import attach
+
+    host = _host_from_args(args)
+    root = host.home_path(args.root)
+    found = host.run(
+        ["find", root, "-maxdepth", "3", "-name", "handle.json", "-printf", "%h\\n"], timeout_s=30.0
+    ).stdout.split("\n")
+    rows = []
+    for run_dir in sorted(d for d in found if d):
+        try:
+            h = attach(host, run_dir)
+        except DSV4LabError as exc:
+            rows.append(f"{run_dir}  ?  {exc}")
+            continue
+        alive = h.is_alive()
+        status = "running" if alive else f"exited {h.exit_status()}"
+        rows.append(f"{run_dir}  {h.target:<6}  port {h.port:<5}  pid {h.launcher_pid:<7}  {status}")
+    print("\n".join(rows) if rows else f"no dsv4lab runs under {root}")
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    import json
+
+    from dsv4lab.diagnosis import diagnose_with_model
+
+    try:
+        with open(args.logfile, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ConfigError("LOGFILE", args.logfile, "a readable log file", detail=exc.strerror or str(exc)) from None
+    d = diagnose_with_model(
+        args.logfile, hardware=args.hardware, model=args.model, calibration_logs=tuple(args.calibrate or ())
+    )
+    if args.json:
+        print(json.dumps(d.to_dict(), indent=2))
+        return 0
+    print(
+        f"{d.outcome.value.upper()} ({d.phase.value if d.phase else 'phase unknown'}, "
+        f"confidence {d.confidence:.2f}): {d.cause}"
+    )
+    for note in d.notes:
+        print(f"note: {note}")
+    for i, fix in enumerate(d.fixes, 1):
+        print(f"fix {i}: {fix.change} -- {fix.why}")
+    if d.evidence:
+        print("evidence:")
+        for line in d.evidence[-25:]:
+            print(f"  | {line}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from dsv4lab.demo import run_demo
 
@@ -194,6 +328,47 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--margin-gib", type=float, default=4.0, help="GiB a suggestion must leave free")
     pf.add_argument("--json", action="store_true", help="print one JSON object")
     pf.set_defaults(func=_cmd_preflight)
+
+    dg = verbs.add_parser("diagnose", help="read a server log: outcome, phase, cause, evidence and fixes")
+    dg.add_argument("logfile")
+    dg.add_argument("--json", action="store_true", help="print one JSON object")
+    dg.add_argument("--hardware", default=None, help="hardware profile for the memory model (default: from the log)")
+    dg.add_argument("--model", default=None, help="model profile (default: from the logged model path)")
+    dg.add_argument("--calibrate", action="append", metavar="LOG", help="fit graph memory from this log first")
+    dg.set_defaults(func=_cmd_diagnose)
+
+    la = verbs.add_parser("launch", help="start a server (or the twin) in a run directory and return at once")
+    _add_config_source(la)
+    _add_host_options(la)
+    la.add_argument("--run-dir", required=True, help="run directory on the host")
+    la.add_argument("--twin", action="store_true", help="start the SGLang twin instead of SGLang")
+    la.add_argument("--hardware", default="rtx-pro-6000-x8", help="twin hardware profile")
+    la.add_argument("--time-scale", type=float, default=None, help="twin time scale (1 = real time)")
+    la.add_argument("--fault", default=None, help="twin fault to inject")
+    la.add_argument("--sglang-version", default=None, help="SGLang release to render flags for")
+    la.add_argument("--replace-stale", action="store_true", help="kill a server already holding the port")
+    la.add_argument("--json", action="store_true")
+    la.set_defaults(func=_cmd_launch)
+
+    wa = verbs.add_parser("watch", help="wait until the server in RUN_DIR is ready, or say why it is not")
+    wa.add_argument("run_dir")
+    _add_host_options(wa)
+    wa.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for READY")
+    wa.add_argument("--stall-after", type=float, default=300.0, help="seconds without a log line = STALLED")
+    wa.add_argument("--keep-running", action="store_true", help="leave the server running on Ctrl-C")
+    wa.add_argument("--json", action="store_true", help="print one JSON object")
+    wa.set_defaults(func=_cmd_watch)
+
+    st = verbs.add_parser("stop", help="end the server's whole process tree")
+    st.add_argument("run_dir")
+    _add_host_options(st)
+    st.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    st.set_defaults(func=_cmd_stop)
+
+    ps = verbs.add_parser("ps", help="list dsv4lab runs and whether they are alive")
+    _add_host_options(ps)
+    ps.add_argument("--root", default="~/dsv4lab-runs", help="folder holding run directories")
+    ps.set_defaults(func=_cmd_ps)
 
     demo = verbs.add_parser("demo", help="run the story as far as the project can take it")
     demo.add_argument("--out", default="reports", help="directory to write the demo's output under")

@@ -78,6 +78,10 @@ def render_argv(config: ServerConfig, sglang_version: str | SGLangRelease | None
             continue
         if (name == "host" and value == "127.0.0.1") or (name == "port" and value == 30000):
             continue
+        if name == "quantization" and value is not None and value not in release.quantizations:
+            raise UnsupportedFlagError(
+                "quantization", release.version, f"it accepts {', '.join(release.quantizations)}, not {value}"
+            )
         if name == "kv_cache_dtype" and value is not None and value not in release.kv_cache_dtypes:
             raise UnsupportedFlagError(
                 "kv_cache_dtype",

@@ -201,6 +201,9 @@ class SSHHost(Host):
 
     @property
     def transport(self) -> paramiko.Transport:
+        """The live transport; a connection that was closed or dropped is re-opened once, on demand."""
+        if not self.connected:
+            self.connect()
         client = self._client
         transport = client.get_transport() if client is not None else None
         if transport is None or not transport.is_active():

@@ -1,0 +1,502 @@
+"""The streaming parser: clean lines in, typed events out, one line at a time.
+
+:class:`LogParser` keeps only what a line cannot be understood without: the traceback blocks still open
+(one per writing process, since ranks interleave), the last timestamp (to notice a second run appended to
+the same file) and engine votes. Everything else is emitted at once, so a multi-GB log parses in flat
+memory. The live watcher feeds it line by line; :func:`parse_log` wraps it for files and line iterables.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dsv4lab.logs import patterns as P
+from dsv4lab.logs.causes import classify_error_text, oom_figures, tier
+from dsv4lab.logs.events import (
+    DecodeBatch,
+    Engine,
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    OomFigures,
+    PrefillBatch,
+    RunStart,
+    ServerArgs,
+)
+from dsv4lab.logs.serverargs import parse_server_args
+from dsv4lab.logs.sglang import parse_progress_line, parse_sglang_message
+from dsv4lab.logs.source import LogSource, iter_lines
+from dsv4lab.logs.vllm import parse_vllm_message, split_vllm_prefix
+
+__all__ = ["LogParser", "parse_line", "parse_log"]
+
+#: Lines of one traceback kept for evidence: the head and the tail (where the exception is).
+_TB_HEAD = 8
+_TB_TAIL = 48
+#: Lines of exception message after the exception line (SGLang's hint block, wrapped messages).
+_MSG_TAIL = 12
+#: Timestamps that go back by more than this start a new run; less is rank interleaving jitter.
+_REWIND_S = 120.0
+_EMPTY: tuple[Event, ...] = ()
+_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+_TB_START = "Traceback (most recent call last)"
+
+
+@dataclass
+class _Block:
+    """A traceback being collected."""
+
+    key: str
+    line_no: int
+    ts: str | None
+    rank: int | None
+    dp: int | None
+    engine: Engine | None
+    head: str | None
+    head_lines: list[str] = field(default_factory=list)
+    tail_lines: list[str] = field(default_factory=list)
+    n_lines: int = 0
+    frames: list[str] = field(default_factory=list)
+    exceptions: list[str] = field(default_factory=list)
+    expect_code: bool = False
+    after_exc: int = 0
+
+    def add(self, line: str) -> None:
+        self.n_lines += 1
+        if len(self.head_lines) < _TB_HEAD:
+            self.head_lines.append(line)
+            return
+        self.tail_lines.append(line)
+        if len(self.tail_lines) > _TB_TAIL * 2:
+            del self.tail_lines[:_TB_TAIL]
+
+    def lines(self) -> tuple[str, ...]:
+        tail = self.tail_lines[-_TB_TAIL:]
+        skipped = self.n_lines - len(self.head_lines) - len(tail)
+        middle = [f"... ({skipped} traceback lines omitted) ..."] if skipped > 0 else []
+        return tuple(self.head_lines + middle + tail)
+
+
+def _basename(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _ts_seconds(ts: str) -> float | None:
+    """Seconds of an SGLang (``YYYY-MM-DD HH:MM:SS``) or vLLM (``MM-DD HH:MM:SS``) timestamp."""
+    try:
+        if len(ts) >= 19 and ts[4] == "-":
+            return _dt.datetime.strptime(ts[:19], "%Y-%m-%d %H:%M:%S").timestamp()
+        return _dt.datetime.strptime("2000-" + ts[:14], "%Y-%m-%d %H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+_LATEST = "9999-19-39 29:59:59"
+
+
+class LogParser:
+    """Incremental parser: :meth:`feed` one raw line, get the events it completes; :meth:`close` at EOF.
+
+    Lines may still carry ANSI codes and ``\\r`` (they are cleaned here); one call may return events of
+    earlier lines (a traceback is emitted when the line after it arrives).
+    """
+
+    def __init__(self) -> None:
+        self.line_no = 0
+        self.votes: dict[Engine, int] = {Engine.SGLANG: 0, Engine.VLLM: 0}
+        self.truncated = False  # a line cut mid-prefix or a traceback without its exception was seen
+        self._blocks: dict[str, _Block] = {}
+        self._bare: _Block | None = None
+        self._last_ts: str | None = None
+        self._last_ts_engine: Engine | None = None
+        self._server_args_seen = False
+        self._content_since_start = 0
+
+    # -- public -------------------------------------------------------------------------------------------
+
+    def feed(self, raw: str) -> tuple[Event, ...]:
+        """Parse one raw line (which may hold several ``\\r`` updates)."""
+        if "\x1b" in raw or "\r" in raw or raw.endswith("\n"):
+            out: list[Event] = []
+            for line in _clean(raw):
+                out.extend(self._line(line))
+            return tuple(out)
+        return self._line(raw)
+
+    def close(self) -> tuple[Event, ...]:
+        """Flush open tracebacks (a log cut inside one gives an event with ``complete=False``)."""
+        out: list[Event] = []
+        if self._bare is not None:
+            out.append(self._finish(self._bare))
+            self._bare = None
+        for key in list(self._blocks):
+            out.append(self._finish(self._blocks.pop(key)))
+        return tuple(out)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine with the most votes so far (None when neither has any)."""
+        sg, vl = self.votes[Engine.SGLANG], self.votes[Engine.VLLM]
+        if sg == vl == 0:
+            return None
+        return Engine.SGLANG if sg >= vl else Engine.VLLM
+
+    # -- one clean line --------------------------------------------------------------------------------------
+
+    def _line(self, line: str) -> tuple[Event, ...]:
+        self.line_no += 1
+        n = self.line_no
+        c = line[:1]
+        if c == "[":
+            if line[1:2].isdigit():
+                pre = P.split_sglang_prefix(line)
+                if pre is not None:
+                    if "T" in pre[0]:  # an ISO timestamp added by CI / container tooling
+                        inner = P.FOREIGN_WRAPPER.sub("", line, count=1)
+                        if inner != line:
+                            self.line_no -= 1
+                            return self._line(inner)
+                    return self._sglang(line, pre, n)
+                m = P.PARTIAL_PREFIX.match(line)
+                if m:
+                    return self._fragment(m.group(1), n)
+            elif line.startswith("[rank"):
+                vp = split_vllm_prefix(line)
+                if vp is not None:
+                    return self._vllm(line, vp, n)
+        elif c == "(" or (c and c in "DIWEC"):
+            vp = split_vllm_prefix(line)
+            if vp is not None:
+                return self._vllm(line, vp, n)
+        elif c and c not in " \t" and "| " in line[:50]:
+            inner = P.FOREIGN_WRAPPER.sub("", line, count=1)
+            if inner != line:
+                self.line_no -= 1
+                return self._line(inner)
+        return self._bare_line(line, n)
+
+    def _sglang(self, line: str, pre: P.SglangPrefix, n: int) -> tuple[Event, ...]:
+        ts, rank, dp, msg = pre
+        last = self._last_ts
+        if self._bare is not None or (last is not None and ts < last):
+            return self._sglang_slow(line, pre, n)
+        if ts != last:
+            self._last_ts = ts
+            self._last_ts_engine = Engine.SGLANG
+        # The commonest lines of a serving log, without a call.
+        c0 = msg[:1]
+        ev: Event | None
+        if c0 == "D" and msg.startswith("Decode batch"):
+            ev = DecodeBatch.fast(n, line, ts, rank, dp, Engine.SGLANG)
+        elif c0 == "P" and msg.startswith("Prefill batch"):
+            ev = PrefillBatch.fast(n, line, ts, rank, dp, Engine.SGLANG)
+        elif c0 == "I" and msg.startswith("INFO:") and "Uvicorn" not in msg and "startup" not in msg:
+            return _EMPTY  # uvicorn access log
+        else:
+            if _TB_START in msg or msg.startswith("server_args="):
+                return self._sglang_slow(line, pre, n)
+            ev = parse_sglang_message(msg, n, line, ts, rank, dp)
+            if ev is None:
+                return _EMPTY
+        self.votes[Engine.SGLANG] += 1
+        self._content_since_start += 1
+        return (ev,) if ev is not None else _EMPTY
+
+    def _sglang_slow(self, line: str, pre: P.SglangPrefix, n: int) -> tuple[Event, ...]:
+        ts, rank, dp, msg = pre
+        out: list[Event] = []
+        if self._bare is not None:
+            out.append(self._finish(self._bare))
+            self._bare = None
+        last = self._last_ts
+        if last is not None and ts < last and self._last_ts_engine is Engine.SGLANG:
+            t_new, t_last = _ts_seconds(ts), _ts_seconds(last)
+            if t_new is not None and t_last is not None and t_last - t_new > _REWIND_S:
+                out.append(self._run_start(n, line, ts, "timestamps go back: a new run starts"))
+        if last is None or ts > last or out:
+            self._last_ts = ts
+            self._last_ts_engine = Engine.SGLANG
+        if _TB_START in msg:
+            self._bare = _Block(
+                key="bare",
+                line_no=n,
+                ts=ts,
+                rank=rank,
+                dp=dp,
+                engine=Engine.SGLANG,
+                head=msg.split(_TB_START, 1)[0].rstrip(": ").strip() or None,
+            )
+            self._bare.add(line)
+            self.votes[Engine.SGLANG] += 1
+            return tuple(out)
+        if msg.startswith("server_args="):
+            out.extend(self._server_args(msg[len("server_args=") :], n, line, ts, rank, dp, Engine.SGLANG))
+            return tuple(out)
+        ev = parse_sglang_message(msg, n, line, ts, rank, dp)
+        if ev is not None:
+            self.votes[Engine.SGLANG] += 1
+            self._content_since_start += 1
+            out.append(ev)
+        return tuple(out) if out else _EMPTY
+
+    def _vllm(self, line: str, vp: object, n: int) -> tuple[Event, ...]:
+        from dsv4lab.logs.vllm import VllmPrefix  # local: keeps the hot path's globals small
+
+        assert isinstance(vp, VllmPrefix)
+        key = vp.key
+        block = self._blocks.get(key)
+        msg = vp.msg
+        out: list[Event] = []
+        if block is not None:
+            if self._continues(block, msg):
+                return _EMPTY
+            out.append(self._finish(self._blocks.pop(key)))
+        if vp.ts is not None:
+            last = self._last_ts
+            if last is not None and self._last_ts_engine is Engine.VLLM and vp.ts < last:
+                t_new, t_last = _ts_seconds(vp.ts), _ts_seconds(last)
+                if t_new is not None and t_last is not None and t_last - t_new > _REWIND_S:
+                    out.append(self._run_start(n, line, vp.ts, "timestamps go back: a new run starts"))
+            if last is None or vp.ts > last or self._last_ts_engine is not Engine.VLLM:
+                self._last_ts = vp.ts
+                self._last_ts_engine = Engine.VLLM
+        if _TB_START in msg:
+            b = _Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
+            b.add(line)
+            self._blocks[key] = b
+            return tuple(out)
+        if msg.startswith("non-default args:") or msg.startswith("args:"):
+            body = msg.split(":", 1)[1].strip()
+            out.extend(self._server_args(body, n, line, vp.ts, vp.rank, vp.dp, Engine.VLLM))
+            return tuple(out)
+        if vp.level is None and (msg.startswith("Capturing") or msg.startswith("Loading safetensors")):
+            ev = parse_progress_line(msg, n)
+        else:
+            ev = parse_vllm_message(vp, n, line)
+        if ev is not None:
+            self.votes[Engine.VLLM] += 1
+            self._content_since_start += 1
+            out.append(ev)
+        elif vp.level is None and P.FRAME.match(msg):
+            blk = _Block(key=key, line_no=n, ts=None, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
+            self._blocks[key] = blk
+            self._continues(blk, msg)
+        return tuple(out) if out else _EMPTY
+
+    def _bare_line(self, line: str, n: int) -> tuple[Event, ...]:
+        block = self._bare
+        if block is not None:
+            if self._continues(block, line):
+                return _EMPTY
+            ev0 = self._finish(block)
+            self._bare = None
+            return (ev0, *self._bare_line_new(line, n))
+        return self._bare_line_new(line, n)
+
+    def _bare_line_new(self, line: str, n: int) -> tuple[Event, ...]:
+        if line.startswith(_TB_START) or line.startswith(_CHAIN) or P.FRAME.match(line):
+            self._bare = _Block(key="bare", line_no=n, ts=None, rank=None, dp=None, engine=None, head=None)
+            self._continues(self._bare, line)
+            return _EMPTY
+        if line.startswith(("Capturing", "Loading safetensors", "Loading pt")):
+            ev = parse_progress_line(line, n)
+            if ev is not None:
+                self._content_since_start += 1
+                return (ev,)
+            return _EMPTY
+        m = P.EXCEPTION_LINE.match(line)
+        if m:
+            kind = classify_error_text(line)
+            if kind is not ErrorKind.OTHER or line.startswith(("RuntimeError", "Exception", "ValueError")):
+                return (
+                    ErrorEvent(
+                        line_no=n,
+                        text=line,
+                        kind=kind,
+                        message=line,
+                        traceback=(line,),
+                        oom=oom_figures(line) if kind is ErrorKind.OOM else None,
+                    ),
+                )
+        return _EMPTY
+
+    # -- tracebacks -------------------------------------------------------------------------------------------
+
+    def _continues(self, block: _Block, text: str) -> bool:
+        """Add ``text`` to ``block`` if it belongs to it; False means the block has ended before it."""
+        stripped = text.strip()
+        if not stripped:
+            block.add(text)
+            return True
+        if stripped.startswith(_TB_START) or stripped.startswith(_CHAIN):
+            block.add(text)
+            block.after_exc = 0
+            block.expect_code = False
+            return True
+        fm = P.FRAME.match(text)
+        if fm:
+            block.add(text)
+            block.frames.append(f"{_basename(fm.group('file'))}:{fm.group('func')}")
+            block.expect_code = True
+            block.after_exc = 0
+            if "/sglang/" in fm.group("file"):
+                self.votes[Engine.SGLANG] += 1
+            elif "/vllm/" in fm.group("file"):
+                self.votes[Engine.VLLM] += 1
+            return True
+        if text[:1] in (" ", "\t"):
+            block.add(text)
+            if block.expect_code:
+                self._code_line(block, stripped)
+            if 0 < block.after_exc < _MSG_TAIL:
+                block.exceptions[-1] += " " + stripped
+            return True
+        if P.EXCEPTION_LINE.match(stripped):
+            block.add(text)
+            block.exceptions.append(stripped)
+            block.expect_code = False
+            block.after_exc = 1
+            return True
+        if block.expect_code:
+            # A pasted traceback that lost its indentation: the line after a frame is its code.
+            block.add(text)
+            self._code_line(block, stripped)
+            block.expect_code = False
+            return True
+        if block.after_exc and block.after_exc <= _MSG_TAIL and "%|" not in text:
+            block.add(text)
+            if stripped.startswith(("Possible solutions", "Possible suggestions")):
+                block.after_exc = _MSG_TAIL  # SGLang's generic hint list: kept as evidence, never as cause
+            elif block.after_exc < _MSG_TAIL:
+                block.exceptions[-1] += " " + stripped
+            block.after_exc += 1
+            return True
+        return False
+
+    @staticmethod
+    def _code_line(block: _Block, code: str) -> None:
+        block.expect_code = False
+        # Name the call on the frame's code line: a traceback cut right after it still says where it was.
+        i = code.find("(")
+        if i > 0:
+            name = code[:i].rsplit(".", 1)[-1].rsplit(" ", 1)[-1].strip()
+            if name.isidentifier():
+                block.frames.append(f"call:{name}")
+
+    def _finish(self, block: _Block) -> ErrorEvent:
+        lines = block.lines()
+        frames = tuple(block.frames)
+        if block.exceptions:
+            best = min(
+                enumerate(block.exceptions),
+                key=lambda ie: (tier(classify_error_text(ie[1])), -ie[0]),
+            )[1]
+            kind = classify_error_text(best)
+            message = best
+            complete = True
+        else:
+            kind = ErrorKind.UNKNOWN
+            message = (block.head or "traceback") + " (cut off before its exception line)"
+            complete = False
+            self.truncated = True
+        oom: OomFigures | None = None
+        if kind is ErrorKind.OOM:
+            oom = oom_figures(message)
+            if oom is None:
+                for exc in block.exceptions:
+                    oom = oom_figures(exc)
+                    if oom is not None:
+                        break
+            if oom is not None and oom.total_gib is not None and "total capacity of" in message:
+                tail = message.split("total capacity of", 1)[1].strip()
+                if tail and not any(u in tail for u in ("iB", "bytes")):
+                    self.truncated = True
+        return ErrorEvent(
+            line_no=block.line_no,
+            text=lines[0] if lines else "",
+            ts=block.ts,
+            rank=block.rank,
+            dp=block.dp,
+            engine=block.engine,
+            kind=kind,
+            message=message,
+            traceback=lines,
+            frames=frames,
+            oom=oom,
+            complete=complete,
+            head=block.head,
+        )
+
+    # -- runs and arguments ------------------------------------------------------------------------------
+
+    def _fragment(self, partial: str, n: int) -> tuple[Event, ...]:
+        """A line cut inside its timestamp. If even its latest completion is long before the last
+        timestamp, a different (earlier) run was pasted after this one: the previous run ended here."""
+        self.truncated = True
+        out: list[Event] = []
+        if self._bare is not None:
+            out.append(self._finish(self._bare))
+            self._bare = None
+        last = self._last_ts
+        if last is not None and self._last_ts_engine is Engine.SGLANG:
+            latest = partial.rstrip() + _LATEST[len(partial.rstrip()) :]
+            b = _ts_seconds(last)
+            if b is not None:
+                cutoff = _dt.datetime.fromtimestamp(b - _REWIND_S).strftime("%Y-%m-%d %H:%M:%S")
+                if latest < cutoff:
+                    out.append(self._run_start(n, "[" + partial, partial, "timestamps go back: another run follows"))
+        return tuple(out)
+
+    def _run_start(self, n: int, line: str, ts: str, reason: str) -> RunStart:
+        self._content_since_start = 0
+        self._server_args_seen = False
+        return RunStart(line_no=n, text=line, ts=ts, reason=reason)
+
+    def _server_args(
+        self, body: str, n: int, line: str, ts: str | None, rank: int | None, dp: int | None, engine: Engine
+    ) -> list[Event]:
+        out: list[Event] = []
+        if self._server_args_seen and self._content_since_start > 0:
+            out.append(self._run_start(n, line, ts or "", "the server was launched again"))
+        self._server_args_seen = True
+        args = parse_server_args(body)
+        self.votes[engine] += 3
+        out.append(ServerArgs.from_mapping(args, line_no=n, text=line[:2000], ts=ts, rank=rank, dp=dp, engine=engine))
+        return out
+
+
+def _clean(raw: str) -> Iterator[str]:
+    from dsv4lab.logs.source import clean_line
+
+    if "\n" in raw.rstrip("\r\n"):
+        for part in raw.splitlines():
+            yield from clean_line(part)
+    else:
+        yield from clean_line(raw)
+
+
+def parse_line(line: str, line_no: int = 0) -> Event | None:
+    """Stateless single-line parse (no traceback grouping): the event one line carries, or None.
+
+    For one-off checks and the live watcher; use :class:`LogParser` or :func:`parse_log` for whole logs.
+    """
+    parser = LogParser()
+    parser.line_no = line_no - 1 if line_no > 0 else 0
+    events = parser.feed(line) + parser.close()
+    return events[0] if events else None
+
+
+def parse_log(log: LogSource) -> Iterator[Event]:
+    """All events of a log, streaming (flat memory). ``log`` is a path or an iterable of lines.
+
+    Raises :class:`~dsv4lab.logs.errors.LogError` if the file is missing, unreadable or binary.
+    """
+    parser = LogParser()
+    feed = parser._line  # lines from iter_lines are already clean
+    for line in iter_lines(log):
+        events = feed(line)
+        if events:
+            yield from events
+    yield from parser.close()

@@ -1,0 +1,230 @@
+"""What the diagnosis remembers about one server run while the events stream past.
+
+Bounded on purpose: per-rank figures (a few numbers per GPU), the errors (capped), the last progress
+line per rank and a handful of flags. A multi-GB log therefore diagnoses in the same memory as a short
+one. When a second run starts in the same file the previous run's state is kept (only one) so a log that
+ends with a stray fragment of another run can still be judged by the run that has content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsv4lab.logs.events import (
+    Capacity,
+    DecodeBatch,
+    DistInit,
+    Engine,
+    ErrorEvent,
+    Event,
+    GraphCapture,
+    GraphProgress,
+    KVCache,
+    MemoryPoolEnd,
+    Phase,
+    PhaseChange,
+    PrefillBatch,
+    RunEnd,
+    ServerArgs,
+    VllmMemoryProfile,
+    WeightLoad,
+)
+
+__all__ = ["RankState", "RunState"]
+
+_MAX_ERRORS = 64
+_MAX_RANKS = 4096
+
+
+@dataclass
+class RankState:
+    """Memory figures and progress of one rank (``None`` key = lines without a rank tag)."""
+
+    pre: float | None = None
+    post: float | None = None
+    weights: float | None = None
+    kv: float | None = None
+    kv_tokens: int | None = None
+    pool_end: float | None = None
+    capture_avail: float | None = None
+    graphs: float = 0.0
+    phase: Phase | None = None
+    last_progress: Event | None = None
+    last_progress_line: int = 0
+    capture_role: str | None = None
+
+
+@dataclass
+class RunState:
+    """Accumulates the events of one run (see the module docstring)."""
+
+    events: int = 0
+    content: int = 0
+    errors: list[ErrorEvent] = field(default_factory=list)
+    dropped_errors: int = 0
+    ranks: dict[int | None, RankState] = field(default_factory=dict)
+    phase: Phase | None = None
+    last_progress: Event | None = None
+    ready_line: int = 0
+    api_up_line: int = 0
+    last_batch_line: int = 0
+    batches: int = 0
+    startup_events: int = 0
+    capacity: Capacity | None = None
+    server_args: ServerArgs | None = None
+    vllm_util: float | None = None
+    vllm_total: float | None = None
+    vllm_kv: float | None = None
+    graph_bar_done: bool = False
+    graph_bar_open: GraphProgress | None = None
+    graph_finished: bool = False
+    kv_seen: bool = False
+    max_bs_seen: int | None = None
+    new_style: bool = False
+    ended: RunEnd | None = None
+    followed_by_run: bool = False
+    first_line: int = 0
+    last_line: int = 0
+    engines: set[Engine] = field(default_factory=set)
+    max_rank: int | None = None
+
+    def rank(self, r: int | None) -> RankState:
+        st = self.ranks.get(r)
+        if st is None:
+            st = RankState()
+            if len(self.ranks) < _MAX_RANKS:
+                self.ranks[r] = st
+        return st
+
+    def _progress(self, ev: Event, phase: Phase) -> None:
+        st = self.rank(ev.rank)
+        st.phase = phase
+        st.last_progress = ev
+        st.last_progress_line = ev.line_no
+        self.phase = phase
+        self.last_progress = ev
+        self.startup_events += 1
+
+    def add(self, ev: Event) -> None:
+        """Fold one event into the run."""
+        self.events += 1
+        if not self.first_line:
+            self.first_line = ev.line_no
+        self.last_line = ev.line_no
+        if ev.engine is not None:
+            self.engines.add(ev.engine)
+        if ev.rank is not None and (self.max_rank is None or ev.rank > self.max_rank):
+            self.max_rank = ev.rank
+        if isinstance(ev, DecodeBatch | PrefillBatch):
+            self.content += 1
+            self.batches += 1
+            self.last_batch_line = ev.line_no
+            self.rank(ev.rank).last_progress_line = ev.line_no
+            if self.ready_line or self.startup_events == 0:
+                self.phase = Phase.SERVING  # before the ready line a batch is the warmup request
+            return
+        if isinstance(ev, ErrorEvent):
+            self.content += 1
+            if len(self.errors) < _MAX_ERRORS:
+                self.errors.append(ev)
+            else:
+                self.dropped_errors += 1
+            return
+        self.content += 1
+        if isinstance(ev, WeightLoad):
+            st = self.rank(ev.rank)
+            if ev.stage == "begin":
+                if st.pre is None:
+                    st.pre = ev.avail_gib
+                self._progress(ev, Phase.WEIGHT_LOADING)
+            else:
+                if st.post is None:
+                    st.post = ev.avail_gib
+                    st.weights = ev.usage_gib
+                self._progress(ev, Phase.KV_CACHE_ALLOC)
+            if ev.elapsed_s is not None:
+                self.new_style = True
+        elif isinstance(ev, KVCache):
+            st = self.rank(ev.rank)
+            if st.kv is None:
+                st.kv = ev.size_gib
+                st.kv_tokens = ev.tokens
+            self.kv_seen = True
+            nxt = Phase.CUDA_GRAPH_CAPTURE if ev.engine is Engine.VLLM else Phase.KV_CACHE_ALLOC
+            self._progress(ev, nxt)
+            if ev.dtype is not None:
+                self.new_style = True
+        elif isinstance(ev, MemoryPoolEnd):
+            st = self.rank(ev.rank)
+            if st.pool_end is None:
+                st.pool_end = ev.avail_gib
+            self._progress(ev, Phase.CUDA_GRAPH_CAPTURE)
+        elif isinstance(ev, GraphCapture):
+            st = self.rank(ev.rank)
+            if ev.bs:
+                self.max_bs_seen = max(max(ev.bs), self.max_bs_seen or 0)
+            if ev.graph in ("verify", "prefill") or ev.backend is not None:
+                self.new_style = True
+            draft = ev.role == "draft"
+            if ev.stage in ("begin", "plan"):
+                st.capture_role = ev.role
+                if ev.avail_gib is not None:
+                    st.capture_avail = ev.avail_gib
+                self._progress(ev, Phase.DRAFT_CUDA_GRAPH_CAPTURE if draft else Phase.CUDA_GRAPH_CAPTURE)
+            else:
+                if ev.usage_gib is not None:
+                    st.graphs += ev.usage_gib
+                if ev.engine is Engine.VLLM:
+                    self.graph_finished = True
+                self._progress(ev, Phase.WARMUP if ev.engine is Engine.VLLM else Phase.STARTUP_OTHER)
+        elif isinstance(ev, GraphProgress):
+            if ev.bs is not None:
+                self.max_bs_seen = max(ev.bs, self.max_bs_seen or 0)
+            st = self.rank(ev.rank)
+            draft = st.capture_role == "draft" or (
+                self.phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE and st.capture_role is None
+            )
+            if ev.avail_gib is not None:
+                st.capture_avail = ev.avail_gib
+            if ev.done is not None and ev.total is not None:
+                if ev.done >= ev.total > 0:
+                    self.graph_bar_done = True
+                    self.graph_bar_open = None
+                else:
+                    self.graph_bar_open = ev
+                    self.graph_bar_done = False
+            self._progress(ev, Phase.DRAFT_CUDA_GRAPH_CAPTURE if draft else Phase.CUDA_GRAPH_CAPTURE)
+        elif isinstance(ev, Capacity):
+            self.capacity = ev
+            self._progress(ev, Phase.WARMUP)
+        elif isinstance(ev, PhaseChange):
+            if ev.ready:
+                self.ready_line = ev.line_no
+            elif ev.phase is Phase.WARMUP and ev.what in (
+                "uvicorn running",
+                "application startup complete",
+            ):
+                self.api_up_line = ev.line_no
+            self._progress(ev, ev.phase)
+        elif isinstance(ev, DistInit):
+            self._progress(ev, Phase.STARTUP_OTHER)
+            if ev.text and "Init parallel" in ev.text:
+                self.new_style = True
+        elif isinstance(ev, ServerArgs):
+            self.server_args = ev
+            if ev.get("cuda_graph_max_bs_decode") is not None or "cuda_graph_max_bs_decode" in ev.args:
+                self.new_style = True
+            self.content -= 1  # arguments alone do not make a run worth diagnosing
+        elif isinstance(ev, VllmMemoryProfile):
+            if ev.utilization is not None:
+                self.vllm_util = ev.utilization
+            if ev.total_gib is not None:
+                self.vllm_total = ev.total_gib
+            if ev.kv_gib is not None:
+                self.vllm_kv = ev.kv_gib
+            self.kv_seen = True
+            self._progress(ev, Phase.KV_CACHE_ALLOC)
+        elif isinstance(ev, RunEnd):
+            self.ended = ev
+        else:
+            self.content -= 1  # warnings and kernel configs say nothing about progress

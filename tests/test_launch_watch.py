@@ -1,0 +1,330 @@
+"""Launch the twin, watch it, stop it: every verdict, locally and over a real sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dsv4lab.config import ServerConfig
+from dsv4lab.hosts import Host, LocalHost, SSHHost
+from dsv4lab.launch import LaunchError, ServerHandle, StaleServerError, attach, launch, launch_nodes
+from dsv4lab.presets import config_a, config_b, config_b_fixed
+from dsv4lab.watch import Verdict, wait_ready, wait_ready_all
+from tests.sshd import SSHD, free_port
+
+SCALE = "0.02"  # twin durations x 0.02: a story startup takes about a second
+
+
+def twin_env(**extra: str) -> dict[str, str]:
+    return {"DSV4LAB_TWIN_TIME_SCALE": SCALE, **extra}
+
+
+def tiny(port: int, **changes: object) -> ServerConfig:
+    base = ServerConfig(model_path="dsv4lab/tiny-moe", tp=2, port=port, mem_fraction_static=0.8)
+    return base.replace(**changes) if changes else base
+
+
+def _tree_pids(handle: ServerHandle) -> list[int]:
+    try:
+        root = psutil.Process(handle.launcher_pid)
+        return [root.pid] + [c.pid for c in root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _assert_no_orphans(pids: list[int], run_dir: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        strays = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if run_dir in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE
+        ]
+        if not alive and not strays:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left behind: {alive} {strays}")
+
+
+@pytest.fixture
+def handles() -> Iterator[list[ServerHandle]]:
+    started: list[ServerHandle] = []
+    yield started
+    for h in started:
+        h.stop(grace_s=1.0)
+
+
+# -- the story on the local host ------------------------------------------------------------------------------
+
+
+def test_config_a_is_ready_with_a_timeline_and_stops_cleanly(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    config = config_a().replace(port=free_port())
+    h = launch(LocalHost(), config, str(tmp_path / "a"), target="twin", twin_env=twin_env())
+    handles.append(h)
+    r = wait_ready(h, 120, progress=False)
+    assert r.verdict is Verdict.READY, r.reason
+    phases = [m.phase for m in r.timeline]
+    for phase in ("weights", "kv_pool", "graph_capture", "ready"):
+        assert phase in phases
+    assert phases.index("weights") < phases.index("kv_pool") < phases.index("graph_capture") < phases.index("ready")
+    assert r.detected_after_s is not None and r.detected_after_s < 1.0
+    assert h.is_alive()
+    pids = _tree_pids(h)
+    assert len(pids) >= 3  # launcher, twin main process, its scheduler children
+    report = h.stop(grace_s=3)
+    assert set(pids) <= set(report.all) | {p for p in pids if not psutil.pid_exists(p)}
+    _assert_no_orphans(pids, h.run_dir)
+
+
+def test_config_b_crash_is_detected_within_a_second(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    h = launch(
+        LocalHost(), config_b().replace(port=free_port()), str(tmp_path / "b"), target="twin", twin_env=twin_env()
+    )
+    handles.append(h)
+    r = wait_ready(h, 120, progress=False)
+    assert r.verdict is Verdict.CRASHED
+    assert r.detected_after_s is not None and r.detected_after_s < 1.0
+    assert r.elapsed_s < 30  # never the story's 400 s
+    assert r.exit_status == 137
+    assert any("CUDA out of memory" in line for line in r.evidence)
+    assert r.diagnosis is not None and r.diagnosis.gpu == 1
+    assert "graph_capture" in [m.phase for m in r.timeline]
+    assert "GPU 1" in r.reason
+    assert json.loads(json.dumps(r.to_dict()))["verdict"] == "CRASHED"
+
+
+def test_config_b_fixed_starts(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    h = launch(
+        LocalHost(),
+        config_b_fixed().replace(port=free_port()),
+        str(tmp_path / "bf"),
+        target="twin",
+        twin_env=twin_env(),
+    )
+    handles.append(h)
+    assert wait_ready(h, 120, progress=False).ready
+
+
+# -- faults -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "verdict", "words"),
+    [
+        ("silent_death", Verdict.CRASHED, "logged no error"),
+        ("nccl_error", Verdict.CRASHED, "NCCL"),
+        ("port_in_use", Verdict.CRASHED, "exited with status"),
+        ("capture_hang", Verdict.STALLED, "graph_capture"),
+        ("slow_start:3", Verdict.READY, "ready"),
+    ],
+)
+def test_each_fault_gets_its_verdict(
+    tmp_path: Path, handles: list[ServerHandle], fault: str, verdict: Verdict, words: str
+) -> None:
+    h = launch(
+        LocalHost(),
+        tiny(free_port()),
+        str(tmp_path / "f"),
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT=fault),
+    )
+    handles.append(h)
+    r = wait_ready(h, 60, stall_after_s=3, progress=False)
+    assert r.verdict is verdict, (r.reason, r.evidence)
+    assert words in r.reason
+    if verdict is Verdict.STALLED:
+        assert h.is_alive() and r.last_phase == "graph_capture"
+
+
+def test_dead_process_with_old_log_is_crashed_at_once(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    h = launch(
+        LocalHost(),
+        tiny(free_port()),
+        str(tmp_path / "d"),
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT="capture_hang"),
+    )
+    handles.append(h)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "Capture" not in (
+        Path(h.log_path).read_text() if Path(h.log_path).exists() else ""
+    ):
+        time.sleep(0.05)
+    for p in reversed(_tree_pids(h)):  # killed from outside, without a word in the log
+        os.kill(p, 9)
+    time.sleep(0.2)
+    r = wait_ready(h, 60, stall_after_s=60, progress=False)
+    assert r.verdict is Verdict.CRASHED
+    assert r.elapsed_s < 3
+
+
+# -- interrupt, stale port, re-attach ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep_running", [False, True])
+def test_interrupt_stops_the_server_unless_kept(
+    tmp_path: Path, handles: list[ServerHandle], keep_running: bool
+) -> None:
+    h = launch(
+        LocalHost(),
+        tiny(free_port()),
+        str(tmp_path / "i"),
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT="capture_hang"),
+    )
+    handles.append(h)
+
+    def interrupt(line: str) -> None:
+        if "Load weight begin" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        wait_ready(h, 60, progress=False, on_line=interrupt, keep_running=keep_running)
+    assert h.is_alive() is keep_running
+
+
+def test_stale_server_on_the_port(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    port = free_port()
+    first = launch(
+        LocalHost(), tiny(port), str(tmp_path / "one"), target="twin", twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny")
+    )
+    handles.append(first)
+    assert wait_ready(first, 60, progress=False).ready
+    with pytest.raises(StaleServerError, match=f"port {port}"):
+        launch(
+            LocalHost(),
+            tiny(port),
+            str(tmp_path / "two"),
+            target="twin",
+            twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny"),
+        )
+    with pytest.raises(LaunchError, match="already has a running server"):
+        launch(LocalHost(), tiny(port), str(tmp_path / "one"), target="twin")
+    second = launch(
+        LocalHost(),
+        tiny(port),
+        str(tmp_path / "two"),
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny"),
+        replace_stale=True,
+    )
+    handles.append(second)
+    assert wait_ready(second, 60, progress=False).ready
+    assert not first.is_alive()
+    again = attach(LocalHost(), str(tmp_path / "two"))
+    assert again.launcher_pid == second.launcher_pid and again.config == second.config
+
+
+def test_multi_node_launch_and_verdict(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    config = tiny(free_port(), nnodes=2, dist_init_addr=f"127.0.0.1:{free_port()}")
+    nodes = launch_nodes(
+        [LocalHost(), LocalHost()],
+        config,
+        str(tmp_path / "mn"),
+        port_step=1,
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny"),
+    )
+    handles.extend(nodes)
+    assert [n.config.node_rank for n in nodes] == [0, 1]
+    assert wait_ready_all(nodes, 60, progress=False).ready
+
+
+# -- over SSH --------------------------------------------------------------------------------------------------------
+
+
+def _ssh(sshd: SSHD) -> SSHHost:
+    return SSHHost(
+        sshd.target,
+        key_filename=sshd.key_path,
+        known_hosts=sshd.known_hosts,
+        ssh_config=None,
+        allow_agent=False,
+        look_for_keys=False,
+    )
+
+
+def test_story_crash_over_ssh(sshd: SSHD, tmp_path: Path, handles: list[ServerHandle]) -> None:
+    host = _ssh(sshd)
+    h = launch(
+        host,
+        config_b().replace(port=free_port()),
+        str(tmp_path / "ssh-b"),
+        target="twin",
+        python=sys.executable,
+        twin_env=twin_env(),
+    )
+    handles.append(h)
+    r = wait_ready(h, 120, progress=False)
+    assert r.verdict is Verdict.CRASHED and r.exit_status == 137
+    assert r.detected_after_s is not None and r.detected_after_s < 1.0
+    host.close()
+
+
+def test_dropped_ssh_connection_is_not_a_crash(sshd: SSHD, tmp_path: Path, handles: list[ServerHandle]) -> None:
+    host = _ssh(sshd)
+    h = launch(
+        host,
+        tiny(free_port()),
+        str(tmp_path / "ssh-drop"),
+        target="twin",
+        python=sys.executable,
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT="slow_start:40"),
+    )
+    handles.append(h)
+    dropped = threading.Event()
+
+    def drop(line: str) -> None:
+        if not dropped.is_set() and "Load weight" in line:
+            dropped.set()
+            sshd.drop_connections()
+
+    r = wait_ready(h, 120, progress=False, on_line=drop)
+    assert dropped.is_set()
+    assert r.verdict is Verdict.READY, r.reason
+    host.close()
+
+
+def test_cli_launch_watch_stop(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "cli")
+    env = {**os.environ, "DSV4LAB_TWIN_TIME_SCALE": SCALE}
+    port = str(free_port())
+
+    def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dsv4lab", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
+
+    out = cli(
+        "launch", "--preset", "config_b", "--set", f"port={port}", "--twin", "--time-scale", SCALE, "--run-dir", run_dir
+    )
+    assert out.returncode == 0, out.stderr
+    watched = cli("watch", run_dir, "--json", "--timeout", "60")
+    assert watched.returncode == 1
+    verdict = json.loads(watched.stdout)
+    assert verdict["verdict"] == "CRASHED" and verdict["exit_status"] == 137
+    assert verdict["detected_after_s"] < 1.5
+    assert {"phase", "t"} <= set(verdict["timeline"][0])
+    ps = cli("ps", "--root", str(tmp_path))
+    assert "exited 137" in ps.stdout
+    stop = cli("stop", run_dir)
+    assert stop.returncode == 0 and "process tree" in stop.stdout
+
+
+def test_hosts_are_interchangeable(any_host: Host) -> None:
+    assert any_host.run(["true"], timeout_s=30).ok
