@@ -1,0 +1,522 @@
+"""The twin's HTTP server: SGLang's native and OpenAI endpoints, health, info, metrics and profiling.
+
+Served by aiohttp in the main process, with uvicorn-style access-log lines. ``/health`` answers 503 until
+warmup is done (like SGLang's Starting state) and then runs a 1-token generation when idle; info endpoints
+exist under the emulated release's names (old ``/get_*`` names everywhere, new ones from 0.5.16, where
+the old ones log a deprecation warning). ``/server_info`` says that this is a twin and at which time scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from dsv4lab.twin.logfmt import LogWriter
+from dsv4lab.twin.profiler import Profiler
+from dsv4lab.twin.scheduler import Request, Scheduler
+from dsv4lab.versions import SGLangRelease
+
+__all__ = ["ServerState", "build_app", "build_dummy_health_app", "count_tokens"]
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_WORDS = (" the", " model", " answers", " with", " a", " steady", " stream", " of", " tokens", " from", " twin", ".")
+HEALTH_TIMEOUT_S = 20.0
+_FLUSH_NOTE = "(When there are running or waiting requests, the operation will not be performed.)\n"
+
+
+def count_tokens(text: str) -> int:
+    """The tokenizer stand-in: one token per word or punctuation mark (at least one)."""
+    return max(1, len(_TOKEN.findall(text)))
+
+
+_WORDS_JSON = tuple(json.dumps(w) for w in _WORDS)
+
+
+def token_text(start: int, n: int) -> str:
+    return "".join(_WORDS[(start + i) % len(_WORDS)] for i in range(n))
+
+
+def token_json(start: int, n: int) -> str:
+    """``json.dumps(token_text(start, n))`` without the encoder on the common one-token path."""
+    if n == 1:
+        return _WORDS_JSON[start % len(_WORDS)]
+    return json.dumps(token_text(start, n))
+
+
+@dataclass
+class ServerState:
+    """What the endpoints read: the resolved server args, the scheduler, readiness, twin facts."""
+
+    release: SGLangRelease
+    scheduler: Scheduler
+    profiler: Profiler
+    log: LogWriter
+    model_path: str
+    served_model_name: str
+    context_len: int
+    max_total_num_tokens: int
+    server_args: Mapping[str, Any]
+    memory_usage: Mapping[str, Any]
+    twin: Mapping[str, Any]
+    architecture: str
+    enable_metrics: bool
+    api_key: str | None
+    ready: bool = False
+    started_at: float = field(default_factory=time.time)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data), status=status, content_type="application/json")
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    phrase = http.HTTPStatus(status).phrase.replace(" ", "")
+    return _json(
+        {"object": "error", "message": message, "type": f"{phrase}Error", "param": None, "code": status}, status
+    )
+
+
+def build_app(state: ServerState) -> web.Application:
+    release = state.release
+    new_names = release.key >= (0, 5, 16)
+
+    @web.middleware
+    async def access_log(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        open_paths = ("/health", "/health_generate", "/ping", "/metrics")
+        authorized = request.headers.get("Authorization", "") == f"Bearer {state.api_key}"
+        if state.api_key and request.path not in open_paths and not authorized:
+            resp: web.StreamResponse = _json({"error": "Unauthorized"}, 401)
+            _access(state.log, request, resp.status)
+            return resp
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:
+            _access(state.log, request, exc.status)
+            raise
+        _access(state.log, request, resp.status)
+        return resp
+
+    app = web.Application(middlewares=[access_log], client_max_size=64 * 1024**2)
+    r = app.router
+
+    async def health(request: web.Request) -> web.Response:
+        if not state.ready:
+            return web.Response(status=503)
+        if state.scheduler.busy:
+            return web.Response(status=200)
+        req = state.scheduler.submit(Request(prompt_tokens=1, max_new_tokens=1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"))
+        try:
+            await asyncio.wait_for(_drain(req), timeout=HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    r.add_get("/health", health)
+    r.add_get("/health_generate", health)
+    if release.key >= (0, 5, 23):
+
+        async def ready(request: web.Request) -> web.Response:
+            return web.Response(status=200 if state.ready else 503)
+
+        async def ping(request: web.Request) -> web.Response:
+            return web.Response(text="pong")
+
+        r.add_get("/ready", ready)
+        r.add_get("/ping", ping)
+
+    def model_info_data() -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "model_path": state.model_path,
+            "tokenizer_path": state.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
+        if release.key >= (0, 5, 23):
+            data.update(
+                served_model_name=state.served_model_name,
+                load_format="auto",
+                reasoning_parser=None,
+                tool_call_parser=None,
+                disaggregation_mode="null",
+                has_image_understanding=False,
+                has_audio_understanding=False,
+                model_type="deepseek_v4",
+                architectures=[state.architecture],
+            )
+        return data
+
+    def server_info_data() -> dict[str, Any]:
+        s = state.scheduler
+        internal: dict[str, Any] = {
+            "last_gen_throughput": s.stats.last_gen_throughput,
+            "memory_usage": dict(state.memory_usage),
+        }
+        if s.spec:
+            internal["avg_spec_accept_length"] = s.stats.avg_spec_accept_length
+        if release.key >= (0, 5, 23):
+            internal["effective_max_running_requests_per_dp"] = s.limits.max_running_requests
+        data: dict[str, Any] = dict(state.server_args)
+        data.update(
+            max_total_num_tokens=state.max_total_num_tokens,
+            max_req_input_len=state.context_len - 1,
+            internal_states=[internal],
+            version=release.version,
+            twin=dict(state.twin),
+        )
+        if release.key >= (0, 5, 23):
+            data.update(startup_time=state.started_at, frontend="http")
+        return data
+
+    def deprecated(
+        handler: Callable[[], dict[str, Any]], old: str, new: str
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def h(request: web.Request) -> web.Response:
+            state.log.log(
+                f"The endpoint {old} is deprecated and will be removed in a future version. Use {new} instead."
+            )
+            return _json(handler())
+
+        return h
+
+    async def model_info(request: web.Request) -> web.Response:
+        return _json(model_info_data())
+
+    async def server_info(request: web.Request) -> web.Response:
+        return _json(server_info_data())
+
+    if new_names:
+        r.add_get("/model_info", model_info)
+        r.add_get("/server_info", server_info)
+        r.add_get("/get_model_info", deprecated(model_info_data, "/get_model_info", "/model_info"))
+        r.add_get("/get_server_info", deprecated(server_info_data, "/get_server_info", "/server_info"))
+    else:
+        r.add_get("/get_model_info", model_info)
+        r.add_get("/get_server_info", server_info)
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": state.served_model_name,
+            "object": "model",
+            "created": int(state.started_at),
+            "owned_by": "sglang",
+            "root": state.served_model_name,
+            "max_model_len": state.context_len,
+        }
+
+    async def models(request: web.Request) -> web.Response:
+        return _json({"object": "list", "data": [model_card()]})
+
+    async def one_model(request: web.Request) -> web.Response:
+        if request.match_info["model"] != state.served_model_name:
+            return _error(f"The model `{request.match_info['model']}` does not exist.", 404)
+        return _json(model_card())
+
+    r.add_get("/v1/models", models)
+    r.add_get("/v1/models/{model:.+}", one_model)
+
+    async def flush_cache(request: web.Request) -> web.Response:
+        if state.scheduler.busy:
+            return web.Response(
+                status=400,
+                text="Cache not flushed. Please check backend logs for more details. " + _FLUSH_NOTE,
+            )
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. " + _FLUSH_NOTE)
+
+    r.add_route("GET", "/flush_cache", flush_cache)
+    r.add_route("POST", "/flush_cache", flush_cache)
+
+    async def metrics(request: web.Request) -> web.Response:
+        if not state.enable_metrics:
+            return web.Response(status=404, text="Not Found")
+        return web.Response(text=_metrics_text(state), content_type="text/plain", charset="utf-8")
+
+    r.add_get("/metrics", metrics)
+
+    async def start_profile(request: web.Request) -> web.Response:
+        body = await _body(request)
+        steps = body.get("num_steps")
+        state.profiler.start(body.get("output_dir"), int(steps) if steps is not None else None)
+        return web.Response(text="Start profiling.\n")
+
+    async def stop_profile(request: web.Request) -> web.Response:
+        if not state.profiler.active:
+            return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
+        path = state.profiler.stop()
+        state.log.log(f"Profiling done. Traces are saved to: {path.parent}")
+        return web.Response(text=f"Stop profiling. This will take some time.\nTrace: {path}\n")
+
+    for path, h in (("/start_profile", start_profile), ("/stop_profile", stop_profile)):
+        r.add_route("GET", path, h)
+        r.add_route("POST", path, h)
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await _body(request)
+        sp = body.get("sampling_params") or {}
+        if "input_ids" in body and body["input_ids"] is not None:
+            ids = body["input_ids"]
+            prompt = len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
+        else:
+            text = body.get("text") or ""
+            prompt = count_tokens(text[0] if isinstance(text, list) and text else str(text))
+        max_new = int(sp.get("max_new_tokens", 128))
+        bad = _check_len(state, prompt, max_new)
+        if bad is not None:
+            return bad
+        req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
+
+        def meta(done: bool) -> dict[str, Any]:
+            m: dict[str, Any] = {
+                "id": req.rid,
+                "finish_reason": {"type": "length", "length": req.generated} if done else None,
+                "prompt_tokens": req.prompt_tokens,
+                "completion_tokens": req.generated,
+                "cached_tokens": 0,
+                "e2e_latency": time.monotonic() - req.created,
+            }
+            if state.scheduler.spec:
+                m["spec_accept_length"] = req.spec_accept_length
+                m["spec_verify_ct"] = req.verify_steps
+            return m
+
+        if not body.get("stream"):
+            await _drain(req)
+            return _json({"text": token_text(0, req.generated), "meta_info": meta(True), "index": 0})
+        resp = await _sse(request)
+        try:
+            async for _, done in _events(req):
+                chunk = {"text": token_text(0, req.generated), "meta_info": meta(done), "index": 0}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            state.scheduler.abort(req)
+            raise
+        return resp
+
+    r.add_post("/generate", generate)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await _body(request)
+        return await _openai(state, request, body, chat=False)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await _body(request)
+        return await _openai(state, request, body, chat=True)
+
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def _access(log: LogWriter, request: web.Request, status: int) -> None:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "127.0.0.1:0"
+    phrase = http.HTTPStatus(status).phrase if status in http.HTTPStatus._value2member_map_ else ""
+    qs = f"?{request.query_string}" if request.query_string else ""
+    log.uvicorn(
+        f'{client} - "{request.method} {request.path}{qs} HTTP/{request.version.major}.{request.version.minor}" '
+        f"{status} {phrase}"
+    )
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        data = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise web.HTTPBadRequest(text="invalid JSON body") from None
+    return data if isinstance(data, dict) else {}
+
+
+async def _drain(req: Request) -> None:
+    async for _ in _events(req):
+        pass
+
+
+async def _events(req: Request) -> Any:
+    """(new tokens, finished) per wake-up; notifications that piled up are merged into one."""
+    while True:
+        items = await req.events.get_all()
+        n = sum(i[0] for i in items)
+        done = items[-1][1]
+        yield n, done
+        if done:
+            return
+
+
+async def _sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
+
+
+def _check_len(state: ServerState, prompt: int, max_new: int) -> web.Response | None:
+    if prompt + max_new > state.context_len:
+        return _error(
+            f"Requested token count exceeds the model's maximum context length of {state.context_len} tokens. "
+            f"You requested a total of {prompt + max_new} tokens: {prompt} tokens from the input messages and "
+            f"{max_new} tokens for the completion. Please reduce the number of tokens in the input messages or "
+            "the completion to fit within the limit."
+        )
+    return None
+
+
+async def _openai(state: ServerState, request: web.Request, body: dict[str, Any], *, chat: bool) -> web.StreamResponse:
+    if chat:
+        messages = body.get("messages") or []
+        if not isinstance(messages, list) or not messages:
+            return _error("messages must be a non-empty list")
+        text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        prompt = count_tokens(text) + 4 * len(messages)  # chat template tokens per message
+        max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
+    else:
+        p = body.get("prompt", "")
+        if isinstance(p, list) and p and isinstance(p[0], int):
+            prompt = len(p)
+        elif isinstance(p, list) and p and isinstance(p[0], list):
+            prompt = len(p[0])
+        elif isinstance(p, list):
+            prompt = count_tokens(str(p[0]) if p else "")
+        else:
+            prompt = count_tokens(str(p))
+        max_new = body.get("max_tokens") or 16
+    max_new = int(max_new)
+    bad = _check_len(state, prompt, max_new)
+    if bad is not None:
+        return bad
+    req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
+    rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
+    created = int(time.time())
+    model = state.served_model_name
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def usage() -> dict[str, Any]:
+        return {
+            "prompt_tokens": req.prompt_tokens,
+            "completion_tokens": req.generated,
+            "total_tokens": req.prompt_tokens + req.generated,
+            "prompt_tokens_details": None,
+        }
+
+    if not body.get("stream"):
+        await _drain(req)
+        text = token_text(0, req.generated)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "matched_stop": None, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+        else:
+            choice["text"] = text
+        return _json(
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage(),
+            }
+        )
+    opts = body.get("stream_options") or {}
+    include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    resp = await _sse(request)
+    head = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(model)},"choices":[{{"index":0,'
+    pos = 0
+    try:
+        if chat:
+            await resp.write(
+                (
+                    "data: "
+                    + head
+                    + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+                ).encode()
+            )
+        prefix = "data: " + head + ('"delta":{"content":' if chat else '"text":')
+        close = '},"logprobs":null,"finish_reason":' if chat else ',"logprobs":null,"finish_reason":'
+        async for n, done in _events(req):
+            piece = token_json(pos, n)
+            pos += n
+            finish = '"length"}]}\n\n' if done else "null}]}\n\n"
+            await resp.write((prefix + piece + close + finish).encode())
+        if include_usage:
+            tail = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage()}
+            await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        state.scheduler.abort(req)
+        raise
+    return resp
+
+
+def _metrics_text(state: ServerState) -> str:
+    s = state.scheduler
+    labels = f'model_name="{state.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
+    gauges = {
+        "num_running_reqs": ("The number of running requests.", len(s.running)),
+        "num_queue_reqs": ("The number of requests in the waiting queue.", len(s.waiting)),
+        "num_used_tokens": ("The number of used tokens.", s.used_tokens),
+        "token_usage": ("The token usage.", s.token_usage),
+        "gen_throughput": ("The generation throughput (token/s).", s.stats.last_gen_throughput),
+        "cache_hit_rate": ("The prefix cache hit rate.", 0.0),
+        "spec_accept_length": (
+            "The average acceptance length of speculative decoding.",
+            s.stats.avg_spec_accept_length,
+        ),
+        "is_cuda_graph": ("Whether the batch is using CUDA graph.", 1.0 if s.stats.last_cuda_graph else 0.0),
+        "utilization": ("The utilization.", 1.0 if s.busy else 0.0),
+    }
+    counters = {
+        "prompt_tokens_total": ("Number of prefill tokens processed.", s.stats.prompt_tokens_total),
+        "generation_tokens_total": ("Number of generation tokens processed.", s.stats.generation_tokens_total),
+        "cached_tokens_total": ("Number of cached prompt tokens.", 0),
+        "num_requests_total": ("Number of requests processed.", s.stats.num_requests_total),
+    }
+    out: list[str] = []
+    for name, (help_text, value) in gauges.items():
+        out += [
+            f"# HELP sglang:{name} {help_text}",
+            f"# TYPE sglang:{name} gauge",
+            f"sglang:{name}{{{labels}}} {float(value)}",
+        ]
+    for name, (help_text, value) in counters.items():
+        out += [
+            f"# HELP sglang:{name} {help_text}",
+            f"# TYPE sglang:{name} counter",
+            f"sglang:{name}{{{labels}}} {float(value)}",
+        ]
+    for name, help_text, total in (
+        ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.stats.ttft_sum),
+        ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", s.stats.e2e_sum),
+    ):
+        count = s.stats.finished_total
+        out += [
+            f"# HELP sglang:{name} {help_text}",
+            f"# TYPE sglang:{name} histogram",
+            f'sglang:{name}_bucket{{{labels},le="+Inf"}} {float(count)}',
+            f"sglang:{name}_sum{{{labels}}} {float(total)}",
+            f"sglang:{name}_count{{{labels}}} {float(count)}",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def build_dummy_health_app(log: LogWriter) -> web.Application:
+    """What nodes with rank >= 1 serve once their schedulers are ready (SGLang's dummy health server)."""
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    app = web.Application()
+    for path in ("/health", "/health_generate", "/ping"):
+        app.router.add_get(path, ok)
+    return app

@@ -1,0 +1,78 @@
+"""Twin-only settings from the environment, so that the launch line stays exactly SGLang's.
+
+The launch script exports these for ``target="twin"``; tests and notebooks set them directly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4lab.errors import ConfigError
+from dsv4lab.hardware import HardwareProfile, hardware_profile
+from dsv4lab.twin.faults import Fault, parse_fault
+from dsv4lab.versions import SGLangRelease, resolve_release
+
+__all__ = ["DEFAULT_HARDWARE", "TwinSettings", "default_state_dir"]
+
+DEFAULT_HARDWARE = "rtx-pro-6000-x8"
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where a running twin leaves its GPU state for the nvidia-smi stand-in (per user)."""
+    env = os.environ if env is None else env
+    given = env.get("DSV4LAB_TWIN_STATE_DIR", "").strip()
+    if given:
+        return Path(given).expanduser()
+    return Path(tempfile.gettempdir()) / f"dsv4lab-twin-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class TwinSettings:
+    """What the twin emulates besides SGLang's flags."""
+
+    hardware: HardwareProfile
+    #: Every duration (startup phases, decode steps, prefill) is multiplied by this; 1.0 = real time.
+    time_scale: float
+    fault: Fault | None
+    seed: int
+    release: SGLangRelease
+    #: Where tuned FP8 block-GEMM JSONs are looked up (None: nowhere, so SGLang's defaults are used).
+    kernel_config_dir: Path | None
+    state_dir: Path
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TwinSettings:
+        env = os.environ if env is None else env
+        hw = hardware_profile(env.get("DSV4LAB_TWIN_HARDWARE", "").strip() or DEFAULT_HARDWARE)
+        raw_scale = env.get("DSV4LAB_TWIN_TIME_SCALE", "").strip() or "1"
+        try:
+            scale = float(raw_scale)
+        except ValueError:
+            raise ConfigError("DSV4LAB_TWIN_TIME_SCALE", raw_scale, "a positive number (1 = real time)") from None
+        if not (math.isfinite(scale) and scale > 0):
+            raise ConfigError("DSV4LAB_TWIN_TIME_SCALE", raw_scale, "a positive number (1 = real time)")
+        raw_seed = env.get("DSV4LAB_TWIN_SEED", "").strip() or "0"
+        try:
+            seed = int(raw_seed)
+        except ValueError:
+            raise ConfigError("DSV4LAB_TWIN_SEED", raw_seed, "an integer") from None
+        version = env.get("DSV4LAB_TWIN_SGLANG_VERSION", "").strip() or None
+        release = resolve_release(version, warn=False)
+        kdir = env.get("DSV4LAB_TWIN_KERNEL_CONFIG_DIR", "").strip()
+        return cls(
+            hardware=hw,
+            time_scale=scale,
+            fault=parse_fault(env.get("DSV4LAB_TWIN_FAULT")),
+            seed=seed,
+            release=release,
+            kernel_config_dir=Path(kdir).expanduser() if kdir else None,
+            state_dir=default_state_dir(env),
+        )
+
+    def fault_named(self, name: str) -> Fault | None:
+        return self.fault if self.fault is not None and self.fault.name == name else None
