@@ -69,7 +69,7 @@ class Observer(threading.Thread):
 
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def one(host: SSHHost, kind: str, root: Path, i: int, scale: str) -> float:
