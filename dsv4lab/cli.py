@@ -280,10 +280,20 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from dsv4lab.demo import run_demo
+    from dsv4lab.story import StorySettings
 
-    out = run_demo(Path(args.out))
-    print(f"dsv4lab demo wrote: {out}")
+    settings = StorySettings(time_scale=args.time_scale, repeats=args.repeats)
+    out = run_demo(Path(args.out), settings, campaign=not args.scripts_only)
+    print(f"dsv4lab demo wrote: {out.resolve()}")
+    if not args.scripts_only:
+        print(f"open {(out / 'report.html').resolve()} (narrative: {(out / 'README.md').resolve()})")
     return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from dsv4lab.bench.cli import bench_main
+
+    return bench_main(args.bench_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -317,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     fields = cverbs.add_parser("fields", help="list every config field with its help")
     fields.set_defaults(func=_cmd_config_fields)
+
+    be = verbs.add_parser(
+        "bench", help="load-benchmark a server (see `dsv4lab bench --help`)", add_help=False, prefix_chars="\0"
+    )
+    be.add_argument("bench_args", nargs=argparse.REMAINDER)
+    be.set_defaults(func=_cmd_bench)
 
     pf = verbs.add_parser("preflight", help="predict whether a config fits in GPU memory, and what would")
     _add_config_source(pf)
@@ -372,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = verbs.add_parser("demo", help="run the story as far as the project can take it")
     demo.add_argument("--out", default="reports", help="directory to write the demo's output under")
+    demo.add_argument("--time-scale", type=float, default=0.05, help="twin time scale (1 = real time)")
+    demo.add_argument("--repeats", type=int, default=3, help="A/B repeats per arm and concurrency (>= 3)")
+    demo.add_argument("--scripts-only", action="store_true", help="only render the real-host scripts")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

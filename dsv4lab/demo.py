@@ -1,8 +1,8 @@
 """``make demo``: the story, as far as the project can take it today.
 
-Each step of the campaign gets a folder with the config it used, the launch script and env file
-dsv4lab would run on the host, and what changed from the previous step. Later stages (the twin, the
-watcher, benchmarks, notebooks) extend this same entry point, so ``make demo`` stays the one command.
+It replays the campaign on the SGLang twin (:mod:`dsv4lab.story`: preflight, launch, watch, diagnose,
+profile, A/B) and, next to it, writes for each config the files dsv4lab would run on a real host: the
+validated config, the env file and the launch script for real SGLang, with what changed between steps.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 from dsv4lab.config import ServerConfig, diff, save
 from dsv4lab.presets import config_a, config_b, config_b_fixed
 from dsv4lab.render import render_env_file, render_launch_script
+from dsv4lab.story import StorySettings, run_story
 
-__all__ = ["STEPS", "DemoStep", "run_demo"]
+__all__ = ["STEPS", "DemoStep", "run_demo", "write_scripts"]
 
 #: The release the demo renders for: the newest dsv4lab knows.
 DEMO_SGLANG_VERSION = "0.5.23"
@@ -52,10 +53,19 @@ STEPS: tuple[DemoStep, ...] = (
 )
 
 
-def run_demo(out_root: Path) -> Path:
-    """Write every step's files under a new timestamped folder of ``out_root`` and return it."""
+def run_demo(out_root: Path, settings: StorySettings | None = None, *, campaign: bool = True) -> Path:
+    """Run the campaign on the twin and write the real-host scripts; return the new report folder."""
     out = out_root / time.strftime("demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=False)
+    write_scripts(out / "real-host")
+    if campaign:
+        run_story(out, settings or StorySettings())
+    return out
+
+
+def write_scripts(out: Path) -> Path:
+    """The configs, env files and launch scripts of each step, rendered for a real SGLang host."""
+    out.mkdir(parents=True, exist_ok=True)
     summary = [
         "# dsv4lab demo: the DeepSeek-V4-Flash campaign",
         "",

@@ -63,6 +63,11 @@ class TimingCoefficients:
     untuned_fp8_penalty: float = 1.06
     #: Prefill throughput per GPU group, tokens/s, for TTFT.
     prefill_tokens_per_s: float = 7000.0
+    #: Slow drift of the whole GPU group's speed (clocks, thermals, PCIe contention): coefficient of
+    #: variation and correlation time in modelled seconds. Real runs differ by a few percent run to run;
+    #: without it an A/B on the twin would call a 0.5% difference significant.
+    speed_drift_cv: float = 0.02
+    speed_drift_tau_s: float = 30.0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dsv4lab.hardware import HardwareProfile, ModelProfile
 
-__all__ = ["KernelConfigs", "config_file_name", "find_kernel_configs"]
+__all__ = ["KernelConfigs", "config_file_name", "expected_config_names", "find_kernel_configs"]
 
 #: Where the log says SGLang looked when no directory is configured (its own configs directory).
 SGLANG_CONFIG_DIR = "/usr/local/lib/python3.12/dist-packages/sglang/srt/layers/quantization/configs"
@@ -27,6 +27,11 @@ _SHAPES: dict[str, tuple[tuple[int, int], ...]] = {
 
 def config_file_name(n: int, k: int, hardware: HardwareProfile) -> str:
     return f"N={n},K={k},device_name={hardware.gpu_name_as_file()},dtype=fp8_w8a8,block_shape=[128, 128].json"
+
+
+def expected_config_names(hardware: HardwareProfile, model: ModelProfile) -> list[str]:
+    """The tuned-JSON file names the model's GEMMs look up on this GPU (what an autotune run writes)."""
+    return [config_file_name(n, k, hardware) for n, k in _SHAPES.get(model.name, ((1024, 4096),))]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from dsv4lab.twin import logfmt
 from dsv4lab.twin.logfmt import LogWriter
-from dsv4lab.twin.timing import StepCost, TimingModel
+from dsv4lab.twin.timing import SpeedDrift, StepCost, TimingModel
 from dsv4lab.versions import SGLangRelease
 
 __all__ = ["Request", "Scheduler", "SchedulerLimits", "Stats"]
@@ -141,6 +141,8 @@ class Scheduler:
         self.log = log
         self.scale = time_scale
         self.rng = random.Random(seed)
+        tc = timing.hardware.timing
+        self.drift = SpeedDrift(tc.speed_drift_cv, tc.speed_drift_tau_s, seed + 1)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = Stats()
@@ -198,7 +200,8 @@ class Scheduler:
                 start = self._last_end
             batch = self._admit()
             if batch:
-                duration = self.timing.prefill_s(sum(n for _, n in batch)) * self.scale
+                modelled = self.timing.prefill_s(sum(n for _, n in batch))
+                duration = modelled * self.drift.factor(modelled) * self.scale
                 self._last_end = start + duration
                 await asyncio.sleep(max(0.0, start + duration - loop.time()))
                 self._finish_prefill(batch, duration)
@@ -207,7 +210,7 @@ class Scheduler:
                     self.on_step(start, None, duration)
                 continue
             cost = self._decode_cost()
-            duration = cost.total_s * self.scale
+            duration = cost.total_s * self.drift.factor(cost.total_s) * self.scale
             self._last_end = start + duration
             await asyncio.sleep(max(0.0, start + duration - loop.time()))
             self._advance(duration)

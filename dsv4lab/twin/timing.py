@@ -22,12 +22,14 @@ disabled) doubles the per-step floor (kernel launch overhead): a twin estimate.
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
 
 from dsv4lab.config import SpeculativeConfig
 from dsv4lab.hardware import HardwareProfile, ModelProfile
 
-__all__ = ["EAGER_FLOOR_FACTOR", "StepCost", "TimingModel", "distinct_experts"]
+__all__ = ["EAGER_FLOOR_FACTOR", "SpeedDrift", "StepCost", "TimingModel", "distinct_experts"]
 
 EAGER_FLOOR_FACTOR = 2.0
 
@@ -106,3 +108,24 @@ class TimingModel:
         """A prefill batch of ``tokens`` new tokens (TTFT's main term)."""
         tc = self.hardware.timing
         return tc.floor_s + tokens / tc.prefill_tokens_per_s * self.penalty
+
+
+class SpeedDrift:
+    """A slowly wandering speed factor (Ornstein-Uhlenbeck in log space), seeded for reproducibility.
+
+    ``factor(dt)`` advances the process by ``dt`` modelled seconds and returns the multiplier for the
+    next step's duration; its stationary coefficient of variation is ``cv``, its memory ``tau_s``.
+    """
+
+    def __init__(self, cv: float, tau_s: float, seed: int) -> None:
+        self._sigma = math.log1p(cv) if cv > 0 else 0.0
+        self._tau = max(tau_s, 1e-6)
+        self._rng = random.Random(seed)
+        self._x = self._rng.gauss(0.0, self._sigma) if self._sigma else 0.0
+
+    def factor(self, dt_s: float) -> float:
+        if not self._sigma:
+            return 1.0
+        decay = math.exp(-max(dt_s, 0.0) / self._tau)
+        self._x = self._x * decay + self._sigma * math.sqrt(1.0 - decay * decay) * self._rng.gauss(0.0, 1.0)
+        return math.exp(self._x - self._sigma * self._sigma / 2)

@@ -1,0 +1,321 @@
+"""The built-in client: one streamed request to an OpenAI or SGLang endpoint, turned into a RequestRecord.
+
+Three APIs, one record: ``completions`` (``/v1/completions``), ``chat`` (``/v1/chat/completions``) and
+``generate`` (SGLang's native ``/generate``, whose ``text`` and ``meta_info.completion_tokens`` are
+cumulative). OpenAI requests ask for ``stream_options.include_usage`` so the output token count is the
+server's; when a server sends no usage, the count falls back to the number of text-bearing chunks (exact
+for servers that stream one token per chunk, an undercount for servers that group tokens — the record
+says which was used) and the prompt count to the workload's target length.
+
+Everything after the HTTP head runs inside the connection's read callback (see :mod:`.httpstream`), so a
+chunk's timestamp is the moment its bytes reached Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import json.scanner
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dsv4lab.bench.errors import BenchError
+from dsv4lab.bench.httpstream import ConnectionPool, Endpoint, HTTPStreamError, build_post
+from dsv4lab.bench.metrics import RequestRecord, Status
+from dsv4lab.bench.sse import SSEParser
+from dsv4lab.bench.workload import RequestSpec
+
+__all__ = ["API", "ENDPOINTS", "ClientOptions", "request_body", "send_request"]
+
+API = Literal["completions", "chat", "generate"]
+
+ENDPOINTS: dict[str, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "generate": "/generate",
+}
+
+#: json's C scanner without the Python-level ``loads``/``decode`` wrappers (two regex passes per call): one
+#: event per token makes this the client's hottest call. Raises StopIteration on a non-JSON start.
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+#: How much of an error response body is kept for the message.
+_ERROR_BODY_BYTES = 2000
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How requests are sent. Every timeout is explicit: a benchmark must never hang on a dead server."""
+
+    api: API = "completions"
+    model: str | None = None
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    api_key: str | None = None
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    record_text: bool = False
+
+    def __post_init__(self) -> None:
+        if self.api not in ENDPOINTS:
+            raise BenchError(f"api must be one of {', '.join(ENDPOINTS)}, got {self.api!r}")
+        if not (self.request_timeout_s > 0 and self.connect_timeout_s > 0):
+            raise BenchError("request_timeout_s and connect_timeout_s must be > 0")
+        object.__setattr__(self, "extra_body", dict(self.extra_body))
+        object.__setattr__(self, "headers", dict(self.headers))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "api": self.api,
+            "model": self.model,
+            "ignore_eos": self.ignore_eos,
+            "temperature": self.temperature,
+            "extra_body": dict(self.extra_body),
+            "request_timeout_s": self.request_timeout_s,
+            "connect_timeout_s": self.connect_timeout_s,
+        }
+
+
+def request_body(spec: RequestSpec, options: ClientOptions, model: str | None) -> dict[str, Any]:
+    """The JSON body for ``spec`` on the chosen API."""
+    if options.api == "generate":
+        sampling: dict[str, Any] = {"max_new_tokens": spec.output_len, "temperature": options.temperature}
+        if options.ignore_eos:
+            sampling["ignore_eos"] = True
+        body: dict[str, Any] = {"sampling_params": sampling, "stream": True}
+        if spec.input_ids is not None:
+            body["input_ids"] = list(spec.input_ids)
+        else:
+            body["text"] = spec.prompt
+    else:
+        body = {
+            "max_tokens": spec.output_len,
+            "temperature": options.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if model is not None:
+            body["model"] = model
+        if options.ignore_eos:
+            body["ignore_eos"] = True
+        if options.api == "chat":
+            if spec.input_ids is not None:
+                raise BenchError("the chat API needs text prompts; build the workload without token_ids")
+            body["messages"] = [{"role": "user", "content": spec.prompt}]
+        else:
+            body["prompt"] = list(spec.input_ids) if spec.input_ids is not None else spec.prompt
+    body.update(options.extra_body)
+    return body
+
+
+def _error_text(obj: Any) -> str:
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err if err is not None else obj)
+
+
+class _Collector:
+    """The sink of one streamed response: timestamps text-bearing chunks and reads usage."""
+
+    __slots__ = (
+        "api",
+        "chunk_times",
+        "chunk_tokens",
+        "completion_tokens",
+        "done",
+        "ended",
+        "err_body",
+        "error",
+        "gen_text_len",
+        "gen_tokens",
+        "is_sse",
+        "parser",
+        "prompt_tokens",
+        "status",
+        "text_parts",
+    )
+
+    def __init__(self, api: str, record_text: bool) -> None:
+        self.api = api
+        self.parser = SSEParser()
+        self.status = 0
+        self.is_sse = True
+        self.err_body = bytearray()
+        self.chunk_times: list[float] = []
+        self.chunk_tokens: list[int] | None = [] if api == "generate" else None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.done = False
+        self.ended = False
+        self.error = ""
+        self.text_parts: list[str] | None = [] if record_text else None
+        self.gen_tokens = 0
+        self.gen_text_len = 0
+
+    def on_head(self, status: int, headers: Mapping[str, str], t: float) -> None:
+        self.status = status
+        self.is_sse = "text/event-stream" in headers.get("content-type", "")
+
+    def on_body(self, data: bytes, t: float) -> None:
+        if self.status >= 300 or not self.is_sse:
+            if len(self.err_body) < (1 << 24):
+                self.err_body += data
+            return
+        for event in self.parser.feed_data(data):
+            self._event(event, t)
+
+    def on_end(self, t: float) -> None:
+        self.ended = True
+        if self.status >= 300:
+            return
+        if not self.is_sse:  # a server that ignored "stream": one JSON body, one chunk at its end
+            self._event(self.err_body.decode("utf-8", "replace"), t)
+            self.done = self.done or not self.error
+            return
+        for ev in self.parser.close():
+            self._event(ev.data, t)  # not the hot path
+
+    def _event(self, data: str, t: float) -> None:
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            obj, end = _scan(data, 0)
+            if end != len(data) and data[end:].strip():
+                raise ValueError("extra data")
+        except (StopIteration, ValueError):
+            self.error = f"unreadable event: {data[:200]!r}"
+            return
+        if not isinstance(obj, dict):
+            return
+        if obj.get("error") is not None or obj.get("object") == "error":
+            self.error = _error_text(obj)
+            return
+        if self.api == "generate":
+            self._generate(obj, t)
+            return
+        choices = obj.get("choices")
+        if choices:
+            c0 = choices[0]
+            if self.api == "chat":
+                delta = c0.get("delta") or c0.get("message") or {}
+                text = delta.get("content") or delta.get("reasoning_content")
+            else:
+                text = c0.get("text")
+            if text:
+                self.chunk_times.append(t)
+                if self.text_parts is not None:
+                    self.text_parts.append(text)
+        usage = obj.get("usage")
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+
+    def _generate(self, obj: dict[str, Any], t: float) -> None:
+        meta = obj.get("meta_info") or {}
+        text = obj.get("text") or ""
+        tokens = meta.get("completion_tokens")
+        if isinstance(tokens, int):
+            new = tokens - self.gen_tokens
+            if new > 0:
+                self.chunk_times.append(t)
+                assert self.chunk_tokens is not None
+                self.chunk_tokens.append(new)
+                self.gen_tokens = tokens
+            self.completion_tokens = tokens
+        elif len(text) > self.gen_text_len:
+            self.chunk_times.append(t)
+        if self.text_parts is not None and len(text) > self.gen_text_len:
+            self.text_parts.append(text[self.gen_text_len :])
+        self.gen_text_len = max(self.gen_text_len, len(text))
+        if isinstance(meta.get("prompt_tokens"), int):
+            self.prompt_tokens = meta["prompt_tokens"]
+        if meta.get("finish_reason") is not None and self.api == "generate":
+            reason = meta["finish_reason"]
+            if isinstance(reason, dict) and reason.get("type") == "abort":
+                self.error = f"request aborted by the server: {reason.get('message', reason)}"
+
+
+def _record(
+    c: _Collector,
+    spec: RequestSpec,
+    scheduled_s: float,
+    start: float,
+    origin: float,
+    failure: str,
+) -> RequestRecord:
+    times = tuple(x - start for x in c.chunk_times)
+    status: Status = "ok"
+    error = ""
+    if failure:
+        status, error = ("incomplete" if times else "failed"), failure
+    elif c.status >= 300:
+        status = "failed"
+        error = f"HTTP {c.status}: {bytes(c.err_body[:_ERROR_BODY_BYTES]).decode('utf-8', 'replace').strip()}"
+    elif c.error:
+        status, error = "failed", c.error
+    elif not c.done:
+        status, error = ("incomplete" if times else "failed"), "the stream ended without [DONE]"
+    elif not times:
+        status, error = "failed", "the server returned no generated text"
+    out_from_server = c.completion_tokens is not None
+    prompt_from_server = c.prompt_tokens is not None
+    return RequestRecord(
+        index=spec.index,
+        status=status,
+        scheduled_s=scheduled_s,
+        start_s=start - origin,
+        ttft_s=times[0] if times else None,
+        e2e_s=times[-1] if times else None,
+        end_s=(time.perf_counter() - start),
+        chunk_times_s=times,
+        chunk_tokens=tuple(c.chunk_tokens) if c.chunk_tokens is not None and c.chunk_tokens else None,
+        prompt_tokens=int(c.prompt_tokens) if c.prompt_tokens is not None else spec.prompt_len,
+        output_tokens=int(c.completion_tokens) if c.completion_tokens is not None else len(times),
+        prompt_tokens_from_server=prompt_from_server,
+        output_tokens_from_server=out_from_server,
+        error=error,
+        http_status=c.status or None,
+        text="".join(c.text_parts) if c.text_parts is not None else None,
+    )
+
+
+def prepare(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model: str | None) -> bytes:
+    """The request bytes (built before the clock starts: JSON encoding is not the server's time)."""
+    body = json.dumps(request_body(spec, options, model), separators=(",", ":")).encode()
+    headers = dict(options.headers)
+    if options.api_key:
+        headers["Authorization"] = f"Bearer {options.api_key}"
+    return build_post(endpoint, ENDPOINTS[options.api], body, headers)
+
+
+async def send_request(
+    pool: ConnectionPool,
+    spec: RequestSpec,
+    request: bytes,
+    options: ClientOptions,
+    *,
+    scheduled_s: float,
+    origin: float,
+    on_connection_error: Callable[[BaseException], None] | None = None,
+) -> RequestRecord:
+    """Send one prepared request and return what was seen; never raises for a server-side failure."""
+    collector = _Collector(options.api, options.record_text)
+    start = time.perf_counter()
+    failure = ""
+    try:
+        await pool.request(request, collector, timeout_s=options.request_timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        failure = f"no complete response within {options.request_timeout_s:g} s"
+    except HTTPStreamError as exc:
+        failure = f"bad HTTP response: {exc}"
+    except (ConnectionError, OSError) as exc:
+        failure = f"connection error: {exc or type(exc).__name__}"
+        if on_connection_error is not None:
+            on_connection_error(exc)
+    return _record(collector, spec, scheduled_s, start, origin, failure)

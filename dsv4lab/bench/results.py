@@ -1,0 +1,297 @@
+"""The result of one benchmark run: summary, per-request table, provenance — one type for both backends.
+
+A number in a report is only as good as what can be said about where it came from, so every result carries
+its provenance (server config, engine and version from ``/server_info``, host, GPUs, client version,
+workload and its seed, load) and a unique id; the store never overwrites a result. A run stopped by a
+dying server is still a result: ``partial`` is set, ``abort_reason`` says why and ``diagnosis`` holds what
+the caller's ``on_server_death`` hook found in the server log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import html
+import math
+import platform
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from dsv4lab import __version__
+from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
+
+__all__ = ["BenchResult", "Provenance", "client_version", "records_frame", "to_jsonable"]
+
+#: Columns of the per-request table, in order.
+REQUEST_COLUMNS = (
+    "index",
+    "status",
+    "scheduled_s",
+    "start_s",
+    "queue_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "itl_ms",
+    "prompt_tokens",
+    "output_tokens",
+    "prompt_tokens_from_server",
+    "output_tokens_from_server",
+    "http_status",
+    "error",
+)
+
+
+def client_version() -> str:
+    import aiohttp
+
+    return f"dsv4lab {__version__} (python {platform.python_version()}, aiohttp {aiohttp.__version__})"
+
+
+def _ms(x: float | None) -> float:
+    return math.nan if x is None else x * 1000
+
+
+def records_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
+    """One row per request; ``itl_ms`` holds each request's list of chunk gaps."""
+    rows = [
+        {
+            "index": r.index,
+            "status": r.status,
+            "scheduled_s": r.scheduled_s,
+            "start_s": math.nan if r.start_s is None else r.start_s,
+            "queue_ms": _ms(r.queue_s),
+            "ttft_ms": _ms(r.ttft_s),
+            "tpot_ms": _ms(r.tpot_s),
+            "e2e_ms": _ms(r.e2e_s),
+            "itl_ms": [g * 1000 for g in r.itl_s],
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "prompt_tokens_from_server": r.prompt_tokens_from_server,
+            "output_tokens_from_server": r.output_tokens_from_server,
+            "http_status": r.http_status,
+            "error": r.error,
+        }
+        for r in records
+    ]
+    frame: pd.DataFrame = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+    if any(r.text is not None for r in records):  # only with ClientOptions(record_text=True)
+        frame["text"] = [r.text for r in records]
+    return frame
+
+
+def to_jsonable(value: Any) -> Any:
+    """A JSON-safe copy: dataclasses and ``to_dict()`` objects become dicts, NaN becomes null, others str."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_jsonable(to_dict())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(dataclasses.asdict(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a result came from."""
+
+    url: str
+    backend: str  # "dsv4lab" (built-in client) or the SGLang bench module that ran remotely
+    api: str
+    engine: str = "unknown"
+    engine_version: str | None = None
+    host: str | None = None
+    gpu_names: tuple[str, ...] = ()
+    client: str = field(default_factory=client_version)
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    load: Mapping[str, Any] = field(default_factory=dict)
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] | None = None
+    server_info: Mapping[str, Any] = field(default_factory=dict)
+    created_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat())
+
+    @property
+    def workload_seed(self) -> int | None:
+        seed = self.workload.get("seed")
+        return int(seed) if seed is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = to_jsonable({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["gpu_names"] = tuple(kwargs.get("gpu_names") or ())
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, eq=False)
+class BenchResult:
+    """One run: ``summary``, ``requests`` (a DataFrame, one row per request) and ``provenance``."""
+
+    summary: Summary
+    requests: pd.DataFrame
+    provenance: Provenance
+    concurrency: int | None
+    request_rate: float = math.inf
+    repeat: int = 0
+    label: str = ""
+    partial: bool = False
+    abort_reason: str | None = None
+    diagnosis: Any = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: ``time.perf_counter()`` at the run's origin (request times count from it); same-host timing checks only.
+    origin_perf_s: float | None = None
+
+    # -- views ------------------------------------------------------------------------------------------
+
+    def row(self) -> dict[str, Any]:
+        """The compact per-run object the CLI prints with ``--json`` (one JSON line per concurrency)."""
+        s = self.summary
+
+        def dist(d: Distribution) -> dict[str, Any]:
+            return {k: v for k, v in d.to_dict().items() if k in ("mean", "median", "std", "p90", "p99", "count")}
+
+        row: dict[str, Any] = to_jsonable(
+            {
+                "id": self.id,
+                "label": self.label,
+                "concurrency": self.concurrency,
+                "request_rate": self.request_rate,
+                "repeat": self.repeat,
+                "partial": self.partial,
+                "abort_reason": self.abort_reason,
+                "completed": s.completed,
+                "failed": s.failed,
+                "incomplete": s.incomplete,
+                "not_sent": s.not_sent,
+                "duration_s": s.duration_s,
+                "request_throughput": s.request_throughput,
+                "input_throughput": s.input_throughput,
+                "output_throughput": s.output_throughput,
+                "peak_output_throughput": s.peak_output_throughput,
+                "total_input_tokens": s.total_input_tokens,
+                "total_output_tokens": s.total_output_tokens,
+                "output_tokens_from_server": s.output_tokens_from_server,
+                "goodput": s.goodput,
+                "ttft_ms": dist(s.ttft_ms),
+                "tpot_ms": dist(s.tpot_ms),
+                "itl_ms": dist(s.itl_ms),
+                "e2e_ms": dist(s.e2e_ms),
+                "queue_ms": dist(s.queue_ms),
+                "engine": self.provenance.engine,
+                "engine_version": self.provenance.engine_version,
+                "backend": self.provenance.backend,
+            }
+        )
+        return row
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, JSON-safe: the store's line format (requests stored column-wise)."""
+        frame = self.requests
+        requests = {c: to_jsonable(frame[c].tolist()) for c in frame.columns}
+        return {
+            "id": self.id,
+            "label": self.label,
+            "concurrency": self.concurrency,
+            "request_rate": None if math.isinf(self.request_rate) else self.request_rate,
+            "repeat": self.repeat,
+            "partial": self.partial,
+            "abort_reason": self.abort_reason,
+            "diagnosis": to_jsonable(self.diagnosis),
+            "origin_perf_s": self.origin_perf_s,
+            "summary": self.summary.to_dict(),
+            "provenance": self.provenance.to_dict(),
+            "requests": requests,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BenchResult:
+        rate = data.get("request_rate")
+        frame = pd.DataFrame(dict(data.get("requests") or {}))
+        for col in REQUEST_COLUMNS:
+            if col not in frame.columns:
+                frame[col] = pd.Series(dtype=object)
+        return cls(
+            summary=Summary.from_dict(dict(data["summary"])),
+            requests=frame[list(REQUEST_COLUMNS) + [c for c in frame.columns if c not in REQUEST_COLUMNS]],
+            provenance=Provenance.from_dict(dict(data.get("provenance") or {})),
+            concurrency=data.get("concurrency"),
+            request_rate=math.inf if rate is None else float(rate),
+            repeat=int(data.get("repeat", 0)),
+            label=str(data.get("label", "")),
+            partial=bool(data.get("partial", False)),
+            abort_reason=data.get("abort_reason"),
+            diagnosis=data.get("diagnosis"),
+            id=str(data["id"]),
+            origin_perf_s=data.get("origin_perf_s"),
+        )
+
+    def __repr__(self) -> str:
+        s = self.summary
+        flag = " PARTIAL" if self.partial else ""
+        return (
+            f"BenchResult({self.label or self.provenance.url} c={self.concurrency}{flag}: {s.completed}/{s.total} ok, "
+            f"{s.output_throughput:.1f} out tok/s, TTFT median {s.ttft_ms.median:.1f} ms, "
+            f"TPOT median {s.tpot_ms.median:.2f} ms)"
+        )
+
+    def _repr_html_(self) -> str:
+        s = self.summary
+        p = self.provenance
+        esc = html.escape
+
+        def num(x: float, digits: int = 2) -> str:
+            return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{digits}f}"
+
+        head = (
+            f"<p><b>{esc(self.label or 'benchmark')}</b> against <code>{esc(p.url)}</code> "
+            f"({esc(p.engine)} {esc(p.engine_version or '')}, {esc(p.api)} API, backend {esc(p.backend)}); "
+            f"concurrency {self.concurrency if self.concurrency is not None else 'unlimited'}"
+            f"{'' if math.isinf(self.request_rate) else f', {self.request_rate:g} req/s'}, repeat {self.repeat}</p>"
+        )
+        warn = ""
+        if self.partial:
+            warn = (
+                f"<p style='color:#b00'><b>Partial result:</b> {esc(self.abort_reason or 'run aborted')}"
+                + (f"<br>Diagnosis: {esc(str(self.diagnosis))}" if self.diagnosis is not None else "")
+                + "</p>"
+            )
+        counts = (
+            f"<p>{s.completed} completed, {s.failed} failed, {s.incomplete} incomplete, {s.not_sent} not sent "
+            f"in {num(s.duration_s)} s. Throughput: {num(s.request_throughput, 3)} req/s, "
+            f"{num(s.output_throughput, 1)} output tok/s (peak {num(s.peak_output_throughput, 1)}), "
+            f"{num(s.input_throughput, 1)} input tok/s"
+            f"{'' if s.output_tokens_from_server else ' (output tokens counted from chunks: no usage from server)'}"
+            f"{'' if s.goodput is None else f'; goodput {num(s.goodput, 3)} req/s'}.</p>"
+        )
+        rows = "".join(
+            f"<tr><th>{name}</th>"
+            + "".join(f"<td>{num(getattr(d, k))}</td>" for k in ("mean", "median", "p90", "p99", "std"))
+            + f"<td>{d.count}</td></tr>"
+            for name, d in (
+                ("TTFT (ms)", s.ttft_ms),
+                ("TPOT (ms)", s.tpot_ms),
+                ("ITL (ms)", s.itl_ms),
+                ("E2E (ms)", s.e2e_ms),
+                ("queue (ms)", s.queue_ms),
+            )
+        )
+        table = (
+            "<table><tr><th></th><th>mean</th><th>median</th><th>p90</th><th>p99</th><th>std</th><th>n</th></tr>"
+            f"{rows}</table>"
+        )
+        return head + warn + counts + table

@@ -1,0 +1,392 @@
+"""Run a workload against a server with the built-in client: warmup, paced dispatch, death watch, result.
+
+Load is generated from a fixed schedule (every request has a scheduled send time from the load's seed);
+a concurrency cap is a semaphore whose waiting time is recorded per request, so a saturated server shows
+up as queueing rather than disappearing from the latencies (no coordinated omission).
+
+A server that dies mid-run must not leave a notebook hanging for the request timeout, nor throw away
+what was measured. Any connection-level failure (refused connect, reset, a stream cut before its end)
+triggers a connect probe of the server's port; a refused or timed-out probe — or three connection
+failures within two seconds — aborts the run: pending requests are not sent, in-flight streams are cut,
+and the result comes back ``partial`` with the caller's ``on_server_death()`` diagnosis attached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import gc
+import math
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from tqdm.auto import tqdm
+
+from dsv4lab.bench.client import ClientOptions, prepare, send_request
+from dsv4lab.bench.errors import BenchError
+from dsv4lab.bench.httpstream import ConnectionPool, Endpoint
+from dsv4lab.bench.metrics import SLO, RequestRecord, summarize
+from dsv4lab.bench.results import BenchResult, Provenance, records_frame, to_jsonable
+from dsv4lab.bench.serverinfo import discover_model, engine_of, gpu_names, server_info
+from dsv4lab.bench.store import ResultStore
+from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times
+from dsv4lab.hosts import Host
+
+__all__ = ["DeathWatch", "run", "run_async", "run_sync", "sweep", "sweep_async"]
+
+T = TypeVar("T")
+
+#: Connection failures within this window that abort a run without waiting for the probe.
+DEATH_ERRORS, DEATH_WINDOW_S = 3, 2.0
+#: How long the liveness probe may take to connect before the server counts as dead.
+PROBE_TIMEOUT_S = 2.0
+#: After an abort, how long in-flight requests get to wind down before they are cancelled.
+ABORT_GRACE_S = 3.0
+
+
+class DeathWatch:
+    """Decides, from connection failures, that the server is gone; then fires ``on_dead`` once."""
+
+    def __init__(self, endpoint: Endpoint, on_dead: Callable[[str], None]) -> None:
+        self.endpoint = endpoint
+        self._on_dead = on_dead
+        self._times: collections.deque[float] = collections.deque(maxlen=DEATH_ERRORS)
+        self._probe: asyncio.Task[None] | None = None
+        self.dead_reason: str | None = None
+
+    def connection_error(self, exc: BaseException) -> None:
+        if self.dead_reason is not None:
+            return
+        if isinstance(exc, ConnectionRefusedError):  # a refused connect already is the probe's answer
+            self._dead(f"server at {self.endpoint.url} refuses connections: {exc}")
+            return
+        now = time.monotonic()
+        self._times.append(now)
+        if len(self._times) == DEATH_ERRORS and now - self._times[0] <= DEATH_WINDOW_S:
+            self._dead(f"{DEATH_ERRORS} connection failures within {DEATH_WINDOW_S:g} s (last: {exc})")
+            return
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._check(exc))
+
+    async def _check(self, cause: BaseException) -> None:
+        """Ask the HTTP server for ``/v1/models``: any answer means alive. A refused connect, a reset or EOF
+        means dead — a bare connect is not enough, because a process being killed can still complete a
+        handshake from its listen backlog. No answer within the timeout decides nothing (a hung server is
+        the request timeout's business)."""
+        ep = self.endpoint
+        probe = (
+            f"GET {ep.prefix}/v1/models HTTP/1.1\r\nHost: {ep.host_header()}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader, w = await asyncio.wait_for(asyncio.open_connection(ep.host, ep.port), PROBE_TIMEOUT_S)
+            writer = w
+            w.write(probe)
+            first = await asyncio.wait_for(reader.read(1), PROBE_TIMEOUT_S)
+        except (asyncio.TimeoutError, TimeoutError):
+            return
+        except OSError as exc:
+            self._dead(f"server at {ep.url} does not accept connections after a failed request ({cause}); {exc!r}")
+            return
+        finally:
+            if writer is not None:
+                writer.close()
+        if not first:
+            self._dead(f"server at {ep.url} closes connections without answering after a failed request ({cause})")
+
+    async def settle(self) -> None:
+        """Wait for a probe in progress (so a run does not start against a server being found dead)."""
+        if self._probe is not None and not self._probe.done():
+            await asyncio.gather(self._probe, return_exceptions=True)
+
+    def _dead(self, reason: str) -> None:
+        if self.dead_reason is None:
+            self.dead_reason = reason
+            self._on_dead(reason)
+
+    def cancel(self) -> None:
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+
+
+class _Run:
+    """The state of one run: schedule, in-flight tasks, records, abort flag."""
+
+    def __init__(self, endpoint: Endpoint, options: ClientOptions, pool: ConnectionPool) -> None:
+        self.endpoint = endpoint
+        self.options = options
+        self.pool = pool
+        self.abort = asyncio.Event()
+        self.abort_reason: str | None = None
+        self.abort_time: float | None = None
+        self.watch = DeathWatch(endpoint, self._on_dead)
+
+    def _on_dead(self, reason: str) -> None:
+        self.abort_reason = reason
+        self.abort_time = time.perf_counter()
+        self.abort.set()
+        self.pool.abort_all()
+
+    async def _sleep_until(self, when: float) -> None:
+        delay = when - time.perf_counter()
+        if delay > 0:
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(self.abort.wait(), timeout=delay)
+
+    async def execute(
+        self,
+        specs: Sequence[RequestSpec],
+        payloads: Sequence[bytes],
+        schedule: Sequence[float],
+        cap: int | None,
+        origin: float,
+        bar: Any,
+    ) -> list[RequestRecord]:
+        """Dispatch every request on its schedule under the cap; return one record per request."""
+        n = len(specs)
+        records: list[RequestRecord | None] = [None] * n
+        sem = asyncio.Semaphore(cap if cap is not None else max(n, 1))
+        tasks: list[asyncio.Task[None]] = []
+
+        async def one(i: int) -> None:
+            try:
+                records[i] = await send_request(
+                    self.pool,
+                    specs[i],
+                    payloads[i],
+                    self.options,
+                    scheduled_s=schedule[i],
+                    origin=origin,
+                    on_connection_error=self.watch.connection_error,
+                )
+            finally:
+                sem.release()
+                bar.update(1)
+
+        for i in range(n):
+            await self._sleep_until(origin + schedule[i])
+            if self.abort.is_set():
+                break
+            await sem.acquire()
+            await self.watch.settle()  # a failure is being probed: do not send into a server being found dead
+            if self.abort.is_set():
+                sem.release()
+                break
+            tasks.append(asyncio.get_running_loop().create_task(one(i)))
+        if tasks:
+            if self.abort.is_set():
+                _, pending = await asyncio.wait(tasks, timeout=ABORT_GRACE_S)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+            else:
+                await asyncio.gather(*tasks)
+        now = time.perf_counter()
+        out: list[RequestRecord] = []
+        for i, rec in enumerate(records):
+            if rec is None:
+                sent = i < len(tasks)
+                rec = RequestRecord(
+                    index=specs[i].index,
+                    status="incomplete" if sent else "not_sent",
+                    scheduled_s=schedule[i],
+                    start_s=(now - origin) if sent else None,
+                    prompt_tokens=specs[i].prompt_len,
+                    error="cancelled when the run was aborted" if sent else "not sent: the run was aborted",
+                )
+            elif self.abort.is_set() and rec.status != "ok" and not rec.error.startswith("run aborted"):
+                rec = dataclasses.replace(rec, error=f"run aborted ({self.abort_reason}); {rec.error}")
+            out.append(rec)
+        return out
+
+
+def _warmup_specs(workload: Workload, count: int) -> list[RequestSpec]:
+    reqs = workload.requests
+    return [reqs[i % len(reqs)] for i in range(count)]
+
+
+async def _diagnose(on_server_death: Callable[[], object] | None, timeout_s: float) -> object:
+    if on_server_death is None:
+        return None
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(on_server_death), timeout=timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        return f"on_server_death() did not return within {timeout_s:g} s"
+    except Exception as exc:
+        return f"on_server_death() failed: {exc!r}"
+
+
+async def run_async(
+    url: str,
+    workload: Workload,
+    load: LoadSpec | None = None,
+    options: ClientOptions | None = None,
+    *,
+    slo: SLO | None = None,
+    label: str = "",
+    repeat: int = 0,
+    progress: bool = True,
+    on_server_death: Callable[[], object] | None = None,
+    diagnosis_timeout_s: float = 60.0,
+    host: Host | None = None,
+    config: Any = None,
+    info: Mapping[str, Any] | None = None,
+    gpus: Sequence[str] | None = None,
+    store: ResultStore | str | None = None,
+    info_timeout_s: float = 10.0,
+) -> BenchResult:
+    """Benchmark ``workload`` against the server at ``url`` (e.g. ``http://127.0.0.1:30000``).
+
+    ``host`` (the server's :class:`~dsv4lab.hosts.Host`) and ``config`` (its ServerConfig) only feed
+    provenance; ``info``/``gpus`` skip the lookups when the caller already has them. With ``store`` the
+    result is appended to that run directory's result store.
+    """
+    load = load or LoadSpec()
+    options = options or ClientOptions()
+    endpoint = Endpoint.parse(url)
+    base = endpoint.url
+    if info is None:
+        info = await server_info(base, timeout_s=info_timeout_s)
+    model = options.model
+    if model is None and options.api != "generate":
+        model = await discover_model(base, timeout_s=info_timeout_s)
+    if gpus is None:
+        gpus = await asyncio.to_thread(gpu_names, host) if host is not None else ()
+    engine, version = engine_of(dict(info))
+    config_dict = config.to_dict() if hasattr(config, "to_dict") else config
+    provenance = Provenance(
+        url=base,
+        backend="dsv4lab",
+        api=options.api,
+        engine=engine,
+        engine_version=version,
+        host=host.name if host is not None else endpoint.host,
+        gpu_names=tuple(gpus),
+        workload=workload.to_dict(),
+        load=load.to_dict(),
+        client_options={**options.to_dict(), "model": model},
+        config=to_jsonable(config_dict) if config_dict is not None else None,
+        server_info=to_jsonable(dict(info)),
+    )
+
+    pool = ConnectionPool(endpoint, connect_timeout_s=options.connect_timeout_s)
+    state = _Run(endpoint, options, pool)
+    specs = list(workload.requests)
+    payloads = [prepare(endpoint, s, options, model) for s in specs]
+    desc = f"{label + ' ' if label else ''}c={load.concurrency if load.concurrency is not None else 'inf'}"
+    gc_was_enabled = gc.isenabled()
+    try:
+        if load.warmup:
+            warm = _warmup_specs(workload, load.warmup)
+            warm_payloads = [prepare(endpoint, s, options, model) for s in warm]
+            cap = min(load.warmup, load.concurrency or load.warmup)
+            with tqdm(total=len(warm), desc=f"{desc} warmup", disable=not progress, leave=False) as bar:
+                await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), bar)
+            await state.watch.settle()
+        schedule = arrival_times(len(specs), load)
+        if not state.abort.is_set():
+            await pool.preconnect(min(load.concurrency or len(specs), len(specs)))
+        gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
+        origin = time.perf_counter()
+        if state.abort.is_set():
+            records = [
+                RequestRecord(
+                    s.index, "not_sent", t, error=f"not sent: the server died during warmup ({state.abort_reason})"
+                )
+                for s, t in zip(specs, schedule, strict=True)
+            ]
+        else:
+            with tqdm(total=len(specs), desc=desc, disable=not progress, unit="req") as bar:
+                records = await state.execute(specs, payloads, schedule, load.concurrency, origin, bar)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        state.watch.cancel()
+        pool.close()
+    ends = [r.start_s + r.end_s for r in records if r.start_s is not None and r.end_s is not None]
+    duration = max(ends, default=0.0)
+    if state.abort_time is not None:
+        duration = max(duration, state.abort_time - origin) if ends else max(0.0, state.abort_time - origin)
+    diagnosis = await _diagnose(on_server_death, diagnosis_timeout_s) if state.abort.is_set() else None
+    result = BenchResult(
+        summary=summarize(records, duration, slo=slo, accept_length=_accept_length(info)),
+        requests=records_frame(records),
+        provenance=provenance,
+        concurrency=load.concurrency,
+        request_rate=load.request_rate,
+        repeat=repeat,
+        label=label,
+        partial=state.abort.is_set(),
+        abort_reason=state.abort_reason,
+        diagnosis=diagnosis,
+        origin_perf_s=origin,
+    )
+    if store is not None:
+        (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
+    return result
+
+
+def _accept_length(info: Mapping[str, Any]) -> float | None:
+    """Speculative accept length from server_info (``internal_states[0].avg_spec_accept_length``)."""
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+async def sweep_async(
+    url: str,
+    workload: Workload | Callable[[int], Workload],
+    concurrencies: Sequence[int],
+    *,
+    repeats: int = 1,
+    load: LoadSpec | None = None,
+    **kwargs: Any,
+) -> list[BenchResult]:
+    """``run_async`` at each concurrency level, ``repeats`` times each. ``workload`` may be a function of
+    the level (e.g. more prompts at higher concurrency). Stops after a run the server died in."""
+    if repeats < 1:
+        raise BenchError(f"repeats must be >= 1, got {repeats}")
+    base = load or LoadSpec()
+    results: list[BenchResult] = []
+    for level in concurrencies:
+        wl = workload(level) if callable(workload) else workload
+        for r in range(repeats):
+            result = await run_async(url, wl, dataclasses.replace(base, concurrency=level), repeat=r, **kwargs)
+            results.append(result)
+            if result.partial:
+                return results
+    return results
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from plain code or from inside Jupyter's already-running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def run(
+    url: str, workload: Workload, load: LoadSpec | None = None, options: ClientOptions | None = None, **kwargs: Any
+) -> BenchResult:
+    """Blocking :func:`run_async` (works in a notebook cell too)."""
+    return run_sync(run_async(url, workload, load, options, **kwargs))
+
+
+def sweep(
+    url: str,
+    workload: Workload | Callable[[int], Workload],
+    concurrencies: Sequence[int],
+    **kwargs: Any,
+) -> list[BenchResult]:
+    """Blocking :func:`sweep_async`."""
+    return run_sync(sweep_async(url, workload, concurrencies, **kwargs))

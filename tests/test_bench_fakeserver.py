@@ -1,0 +1,188 @@
+"""A real streaming server for the benchmark tests: aiohttp on 127.0.0.1 with controlled timings.
+
+It speaks the three APIs the client supports (OpenAI completions and chat with ``include_usage``, SGLang's
+native ``/generate`` with cumulative text), records when it sent each chunk, and can be killed mid-run
+(stop listening and cut every open connection) — the in-process stand-in for a dying server. The tests in
+this file check the stand-in itself; the other ``test_bench_*`` files import :class:`FakeServer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+__all__ = ["FakeServer", "ServerBehaviour", "fake_server"]
+
+
+@dataclass
+class ServerBehaviour:
+    ttft_s: float = 0.01
+    itl_s: float = 0.002
+    tokens_per_chunk: int = 1
+    usage: bool = True
+    keepalive_comments: bool = False
+    error_after_chunks: int | None = None  # send an error event after this many chunks
+    http_status: int = 200
+    cut_after_chunks: int | None = None  # close the connection without [DONE] after this many chunks
+    server_info: dict[str, Any] = field(default_factory=lambda: {"version": "0.5.23", "engine": "fake"})
+
+
+class FakeServer:
+    def __init__(self, behaviour: ServerBehaviour | None = None) -> None:
+        self.behaviour = behaviour or ServerBehaviour()
+        self.port = 0
+        self.sends: list[list[float]] = []  # per request, perf_counter of each chunk write
+        self.bodies: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._transports: set[asyncio.Transport] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> FakeServer:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._stream)
+        app.router.add_post("/v1/chat/completions", self._stream)
+        app.router.add_post("/generate", self._stream)
+        app.router.add_get("/server_info", self._info)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await self._site.start()
+        server = self._site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None)
+        assert sockets
+        self.port = sockets[0].getsockname()[1]
+        return self
+
+    async def kill(self) -> None:
+        """Die like a crashed process: refuse new connections, cut every open one."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        for t in list(self._transports):
+            t.abort()
+
+    async def stop(self) -> None:
+        await self.kill()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.behaviour.server_info)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        b = self.behaviour
+        if request.transport is not None:
+            self._transports.add(request.transport)
+        body = await request.json()
+        self.bodies.append(body)
+        if b.http_status != 200:
+            return web.json_response({"error": {"message": "overloaded"}}, status=b.http_status)
+        api = request.path
+        if api == "/generate":
+            n = int(body["sampling_params"]["max_new_tokens"])
+            prompt_tokens = len(body.get("input_ids") or body.get("text", "").split())
+        else:
+            n = int(body["max_tokens"])
+            prompt = body.get("prompt") or body.get("messages", [{}])[0].get("content", "")
+            prompt_tokens = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        sends: list[float] = []
+        self.sends.append(sends)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(b.ttft_s)
+            sent = 0
+            chunk_no = 0
+            while sent < n:
+                k = min(b.tokens_per_chunk, n - sent)
+                sent += k
+                text = " ".join(f"t{sent - k + j}" for j in range(k)) + " "
+                if api == "/generate":
+                    obj: dict[str, Any] = {
+                        "text": " ".join(f"t{j}" for j in range(sent)) + " ",
+                        "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "finish_reason": None},
+                    }
+                    if not b.usage:
+                        obj["meta_info"] = {}
+                elif api == "/v1/chat/completions":
+                    obj = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
+                else:
+                    obj = {"object": "text_completion", "choices": [{"index": 0, "text": text}], "usage": None}
+                if b.keepalive_comments:
+                    await resp.write(b": ping\n\n")
+                await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+                sends.append(time.perf_counter())
+                chunk_no += 1
+                if b.error_after_chunks is not None and chunk_no >= b.error_after_chunks:
+                    await resp.write(b'data: {"error": {"message": "boom mid-stream", "code": 500}}\n\n')
+                    await resp.write(b"data: [DONE]\n\n")
+                    return resp
+                if b.cut_after_chunks is not None and chunk_no >= b.cut_after_chunks:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return resp
+                if sent < n:
+                    await asyncio.sleep(b.itl_s)
+            if api != "/generate" and b.usage:
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+                await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        finally:
+            self.in_flight -= 1
+        return resp
+
+
+async def fake_server(behaviour: ServerBehaviour | None = None) -> FakeServer:
+    return await FakeServer(behaviour).start()
+
+
+def test_fake_server_streams_sse_with_usage() -> None:
+    async def go() -> list[bytes]:
+        s = await fake_server(ServerBehaviour(ttft_s=0.0, itl_s=0.0))
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(s.url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 3}) as resp,
+            ):
+                return [line async for line in resp.content]
+        finally:
+            await s.stop()
+
+    lines = [x for x in asyncio.run(go()) if x.strip()]
+    assert lines[-1] == b"data: [DONE]\n"
+    usage = json.loads(lines[-2][6:])["usage"]
+    assert usage == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert len(lines) == 5
+
+
+async def _serve_forever(ttft_s: float, itl_s: float) -> None:
+    s = await fake_server(ServerBehaviour(ttft_s=ttft_s, itl_s=itl_s))
+    print(s.port, flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":  # a server process for the kill -9 test: prints its port, serves until killed
+    import sys
+
+    asyncio.run(_serve_forever(float(sys.argv[1]), float(sys.argv[2])))
