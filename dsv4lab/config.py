@@ -606,6 +606,13 @@ def _validate_extra_args(args: tuple[str, ...]) -> None:
             raise ConfigError("extra_args", token, "strings without NUL bytes")
         if token.startswith("-") and not _NEGATIVE_NUMBER.match(token):
             if not _FLAG.match(token):
+                if i > 0 and _FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
+                    raise ConfigError(
+                        "extra_args",
+                        token,
+                        f"a value that starts with '-' glued to its flag ({args[i - 1]}={token}), "
+                        "or argparse would read it as a flag",
+                    )
                 raise ConfigError(
                     "extra_args", token, "long flags like --attention-backend (lower case, digits, dashes)"
                 )

@@ -24,6 +24,7 @@ from typing import Any
 from dsv4lab import bench
 from dsv4lab.config import ServerConfig, diff, save
 from dsv4lab.diagnosis import diagnose_with_model
+from dsv4lab.errors import ConfigError
 from dsv4lab.hardware import hardware_profile, model_profile
 from dsv4lab.hosts import Host, LocalHost
 from dsv4lab.kernels import KernelBreakdown, profile_server
@@ -59,7 +60,9 @@ class StorySettings:
 
     def __post_init__(self) -> None:
         if self.repeats < 3:
-            raise ValueError(f"repeats={self.repeats}: at least 3 per arm are needed for a trustworthy A/B")
+            raise ConfigError("repeats", self.repeats, "at least 3 per arm and concurrency, for a trustworthy A/B")
+        if not self.time_scale > 0:
+            raise ConfigError("time_scale", self.time_scale, "a positive number (1 = real time)")
 
 
 @dataclass

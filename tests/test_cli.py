@@ -95,12 +95,15 @@ def test_fields_lists_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_writes_and_prints_its_path(tmp_path: Path) -> None:
-    proc = run_cli("demo", "--out", str(tmp_path))
+    # The campaign itself is tested in test_story.py; here the command and the real-host scripts.
+    proc = run_cli("demo", "--out", str(tmp_path), "--scripts-only")
     assert proc.returncode == 0, proc.stderr
-    out = Path(proc.stdout.strip().rsplit(": ", 1)[1])
-    assert out.parent == tmp_path
-    assert (out / "README.md").exists()
-    assert (out / "2-config-b" / "launch.sh").exists()
+    out = Path(proc.stdout.strip().splitlines()[0].rsplit(": ", 1)[1])
+    assert out.parent == tmp_path.resolve()
+    assert (out / "real-host" / "README.md").exists()
+    script = (out / "real-host" / "2-config-b" / "launch.sh").read_text()
+    assert "--speculative-num-draft-tokens 2" in script
+    assert run_cli("demo", "--repeats", "2", "--scripts-only", "--out", str(tmp_path)).returncode == 2
 
 
 def test_preflight_json_contract() -> None:

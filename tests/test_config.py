@@ -48,6 +48,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"model_path": "  "}, "model_path", "non-empty"),
     ({"extra_args": ("value-first",)}, "extra_args", "starts with a --flag"),
     ({"extra_args": ("-x",)}, "extra_args", "long flags"),
+    ({"extra_args": ("--attention-backend", "-x")}, "extra_args", "glued to its flag (--attention-backend=-x)"),
     ({"extra_args": ("--tp-size", "4")}, "extra_args", "set tp instead"),
     ({"extra_args": ("--cuda-graph-max-bs-decode=8",)}, "extra_args", "set cuda_graph_max_bs instead"),
     ({"tp": "8"}, "tp", "an integer"),

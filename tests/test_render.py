@@ -326,7 +326,7 @@ def test_hostile_values_never_run_and_argv_comes_back_identical(
         tp=8,
         env={"DSV4T_VALUE": env_value},
         env_files=(str(env_file),),
-        extra_args=("--attention-backend", extra),
+        extra_args=(f"--attention-backend={extra}",),
     )
     config = config.replace(kernel_config_dir=kernel_dir) if not kernel_dir.startswith("-") else config
     code, record = _run_script(config, run)
