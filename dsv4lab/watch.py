@@ -329,9 +329,24 @@ def wait_ready(
 
 
 def wait_ready_all(handles: Sequence[ServerHandle], timeout_s: float = 900.0, **options: Any) -> Readiness:
-    """One verdict for a multi-node server: the first node that is not READY decides, else READY."""
-    results = [wait_ready(h, timeout_s, **options) for h in handles]
-    for r in results:
-        if not r.ready:
-            return r
+    """One verdict for a multi-node server, watching every node at once.
+
+    The first node that is not READY decides (a crash on node 1 must not wait behind node 0's timeout:
+    node 0 typically hangs in NCCL when a peer dies); when every node is READY, node 0's readiness stands.
+    """
+    import concurrent.futures
+
+    options = {**options, "progress": False} if len(handles) > 1 else options
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(handles))) as pool:
+        futures = {pool.submit(wait_ready, h, timeout_s, **options): i for i, h in enumerate(handles)}
+        results: dict[int, Readiness] = {}
+        for future in concurrent.futures.as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if not result.ready:
+                for h in handles:  # end the other watches: stop the whole multi-node server
+                    with contextlib.suppress(Exception):
+                        if not options.get("keep_running", False):
+                            h.stop(grace_s=5.0)
+                return result
     return results[0]

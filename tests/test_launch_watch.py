@@ -328,3 +328,27 @@ def test_cli_launch_watch_stop(tmp_path: Path) -> None:
 
 def test_hosts_are_interchangeable(any_host: Host) -> None:
     assert any_host.run(["true"], timeout_s=30).ok
+
+
+def test_multi_node_crash_on_a_later_node_is_not_hidden(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    port = free_port()
+    config = tiny(port, nnodes=2, dist_init_addr=f"127.0.0.1:{free_port()}")
+    node0 = launch(
+        LocalHost(),
+        config,
+        str(tmp_path / "n0"),
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT="capture_hang"),
+    )
+    node1 = launch(
+        LocalHost(),
+        config.replace(node_rank=1, port=free_port()),
+        str(tmp_path / "n1"),
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT="silent_death"),
+    )
+    handles.extend([node0, node1])
+    r = wait_ready_all([node0, node1], 60, stall_after_s=60, progress=False)
+    assert r.verdict is Verdict.CRASHED
+    assert r.elapsed_s < 20  # not after node 0's 60 s stall window
+    assert not node0.is_alive()  # the rest of the multi-node server is stopped with it
