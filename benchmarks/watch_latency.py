@@ -105,14 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         sshd_iter = start_sshd(root / "sshd")
         sshd = next(sshd_iter)
         try:
-            host = SSHHost(
-                sshd.target,
-                key_filename=sshd.key_path,
-                known_hosts=sshd.known_hosts,
-                ssh_config=None,
-                allow_agent=False,
-                look_for_keys=False,
-            )
+            host = sshd.connect()
             figures: dict[str, list[float]] = {"crash": [], "ready": []}
             for kind in ("crash", "ready"):
                 for i in range(args.runs):

@@ -37,14 +37,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHD]:
 
 @pytest.fixture
 def ssh_host(sshd: SSHD) -> Iterator[SSHHost]:
-    host = SSHHost(
-        sshd.target,
-        key_filename=sshd.key_path,
-        known_hosts=sshd.known_hosts,
-        ssh_config=None,
-        allow_agent=False,
-        look_for_keys=False,
-    )
+    host = sshd.connect()
     yield host
     host.close()
 

@@ -16,8 +16,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
+
+from dsv4lab.hosts import SSHHost
 
 
 def sshd_binary() -> str | None:
@@ -47,6 +50,18 @@ class SSHD:
     @property
     def target(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
+
+    def connect(self, **options: Any) -> SSHHost:
+        """An SSHHost for this server with its own key and known_hosts (nothing from ~/.ssh)."""
+        kwargs: dict[str, Any] = {
+            "key_filename": self.key_path,
+            "known_hosts": self.known_hosts,
+            "ssh_config": None,
+            "allow_agent": False,
+            "look_for_keys": False,
+            **options,
+        }
+        return SSHHost(self.target, **kwargs)
 
     def session_pids(self) -> list[int]:
         """PIDs of the per-connection sshd processes (killing them drops the connections)."""

@@ -113,26 +113,12 @@ def test_reparented_children_are_found_by_process_group(tmp_path: Path) -> None:
 
 
 def test_detached_process_outlives_the_ssh_session(sshd: SSHD, tmp_path: Path) -> None:
-    host = SSHHost(
-        sshd.target,
-        key_filename=sshd.key_path,
-        known_hosts=sshd.known_hosts,
-        ssh_config=None,
-        allow_agent=False,
-        look_for_keys=False,
-    )
+    host = sshd.connect()
     pid = host.start_detached(["sleep", "300"], cwd=str(tmp_path))
     host.close()
     time.sleep(0.3)
     assert psutil.pid_exists(pid)
-    again = SSHHost(
-        sshd.target,
-        key_filename=sshd.key_path,
-        known_hosts=sshd.known_hosts,
-        ssh_config=None,
-        allow_agent=False,
-        look_for_keys=False,
-    )
+    again = sshd.connect()
     assert again.is_alive(pid)
     again.kill_tree(pid, grace_s=1)
     again.close()
@@ -174,14 +160,7 @@ def test_follow_streams_lines_and_resumes(any_host: Host, tmp_path: Path) -> Non
 
 
 def test_dropped_connection_is_a_connection_error(sshd: SSHD, tmp_path: Path) -> None:
-    host = SSHHost(
-        sshd.target,
-        key_filename=sshd.key_path,
-        known_hosts=sshd.known_hosts,
-        ssh_config=None,
-        allow_agent=False,
-        look_for_keys=False,
-    )
+    host = sshd.connect()
     log = tmp_path / "x.log"
     log.write_text("a\n")
     follower = host.follow(str(log), 0)
@@ -237,14 +216,7 @@ def test_forward_reaches_the_hosts_loopback(any_host: Host, http_port: int) -> N
 def test_unknown_host_key_is_refused_with_fingerprint(sshd: SSHD, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     with pytest.raises(HostKeyError) as err:
-        SSHHost(
-            sshd.target,
-            key_filename=sshd.key_path,
-            known_hosts=str(known),
-            ssh_config=None,
-            allow_agent=False,
-            look_for_keys=False,
-        )
+        sshd.connect(known_hosts=str(known))
     key_type, key_b64 = sshd.host_key_line.split()[1:3]
     key = paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64))
     assert err.value.fingerprint == fingerprint(key)
@@ -254,11 +226,9 @@ def test_unknown_host_key_is_refused_with_fingerprint(sshd: SSHD, tmp_path: Path
 
 def test_trusting_records_the_key_then_it_is_known(sshd: SSHD, tmp_path: Path) -> None:
     known = tmp_path / "sub" / "known_hosts"
-    opts = {"key_filename": sshd.key_path, "ssh_config": None, "allow_agent": False, "look_for_keys": False}
-    host = SSHHost(sshd.target, known_hosts=str(known), trust_unknown_host=True, **opts)  # type: ignore[arg-type]
-    host.close()
+    sshd.connect(known_hosts=str(known), trust_unknown_host=True).close()
     assert known.read_text().strip() == sshd.host_key_line
-    SSHHost(sshd.target, known_hosts=str(known), **opts).close()  # type: ignore[arg-type]
+    sshd.connect(known_hosts=str(known)).close()
 
 
 def test_changed_host_key_is_always_refused(sshd: SSHD, tmp_path: Path) -> None:
@@ -266,15 +236,7 @@ def test_changed_host_key_is_always_refused(sshd: SSHD, tmp_path: Path) -> None:
     known.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 {_other_ed25519(tmp_path)}\n")
     for trust in (False, True):
         with pytest.raises(HostKeyError) as err:
-            SSHHost(
-                sshd.target,
-                key_filename=sshd.key_path,
-                known_hosts=str(known),
-                trust_unknown_host=trust,
-                ssh_config=None,
-                allow_agent=False,
-                look_for_keys=False,
-            )
+            sshd.connect(known_hosts=str(known), trust_unknown_host=trust)
         assert err.value.changed and "CHANGED" in str(err.value)
 
 

@@ -244,14 +244,7 @@ def test_multi_node_launch_and_verdict(tmp_path: Path, handles: list[ServerHandl
 
 
 def _ssh(sshd: SSHD) -> SSHHost:
-    return SSHHost(
-        sshd.target,
-        key_filename=sshd.key_path,
-        known_hosts=sshd.known_hosts,
-        ssh_config=None,
-        allow_agent=False,
-        look_for_keys=False,
-    )
+    return sshd.connect()
 
 
 def test_story_crash_over_ssh(sshd: SSHD, tmp_path: Path, handles: list[ServerHandle]) -> None:
