@@ -9,6 +9,8 @@ release.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dsv4lab.logs import patterns as P
 from dsv4lab.logs.causes import classify_error_text, oom_figures
 from dsv4lab.logs.events import (
@@ -82,6 +84,7 @@ def _f(m: object, group: int = 1) -> float | None:
 
 
 def _capture(msg: str, line_no: int, text: str, ts: str | None, rank: int | None, dp: int | None) -> Event | None:
+    where: dict[str, Any] = {"line_no": line_no, "text": text, "ts": ts, "rank": rank, "dp": dp, "engine": _SG}
     m = P.CAPTURE_NEW.search(msg)
     if m:
         role, graph, stage = m.group("role"), m.group("graph"), m.group("stage")
@@ -91,9 +94,7 @@ def _capture(msg: str, line_no: int, text: str, ts: str | None, rank: int | None
             bsm = P.CAPTURE_BS.search(msg)
             if bsm:
                 bs = tuple(int(x) for x in bsm.group(1).replace(",", " ").split() if x.isdigit())
-                return GraphCapture(
-                    line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, stage="plan", bs=bs
-                )
+                return GraphCapture(**where, stage="plan", bs=bs)
             return None
         old_role = (m.group("role") or "").strip()
         role = "draft" if old_role.startswith("draft") else "target"
@@ -102,12 +103,7 @@ def _capture(msg: str, line_no: int, text: str, ts: str | None, rank: int | None
     tail = msg[m.end() :]
     backend = P.BACKEND.search(tail)
     return GraphCapture(
-        line_no=line_no,
-        text=text,
-        ts=ts,
-        rank=rank,
-        dp=dp,
-        engine=_SG,
+        **where,
         stage=stage,
         role=role,
         graph=graph,
@@ -148,14 +144,13 @@ def parse_sglang_message(
         return DecodeBatch.fast(line_no, text, ts, rank, dp, _SG)
     if msg.startswith("Prefill batch"):
         return PrefillBatch.fast(line_no, text, ts, rank, dp, _SG)
+    where: dict[str, Any] = {"line_no": line_no, "text": text, "ts": ts, "rank": rank, "dp": dp, "engine": _SG}
     if msg.startswith("INFO:"):
         if "Uvicorn" not in msg and "pplication startup" not in msg and "server process" not in msg:
             return None
         for needle, what in _UVICORN:
             if needle in msg:
-                return PhaseChange(
-                    line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, phase=Phase.WARMUP, what=what
-                )
+                return PhaseChange(**where, phase=Phase.WARMUP, what=what)
         return None
     if msg.startswith("Capture"):
         return _capture(msg, line_no, text, ts, rank, dp)
@@ -166,12 +161,7 @@ def parse_sglang_message(
             dtype = P.WEIGHT_DTYPE.search(mid)
             quant = P.WEIGHT_QUANT.search(mid)
             return WeightLoad(
-                line_no=line_no,
-                text=text,
-                ts=ts,
-                rank=rank,
-                dp=dp,
-                engine=_SG,
+                **where,
                 stage="end",
                 avail_gib=float(m.group("avail")),
                 usage_gib=float(m.group("use")) if m.group("use") else None,
@@ -183,17 +173,12 @@ def parse_sglang_message(
         m = P.WEIGHT_BEGIN.search(msg)
         if m:
             return WeightLoad(
-                line_no=line_no,
-                text=text,
-                ts=ts,
-                rank=rank,
-                dp=dp,
-                engine=_SG,
+                **where,
                 stage="begin",
                 avail_gib=float(m.group(1)),
             )
         if "Load weight begin" in msg:  # cut before the figure
-            return WeightLoad(line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, stage="begin")
+            return WeightLoad(**where, stage="begin")
         return None
     if "KV Cache" in msg or "KV cache allocated" in msg:
         m = P.KV_ALLOC.search(msg)
@@ -202,12 +187,7 @@ def parse_sglang_message(
             if msg.startswith("Post-capture"):
                 label = "Post-capture"
             return KVCache(
-                line_no=line_no,
-                text=text,
-                ts=ts,
-                rank=rank,
-                dp=dp,
-                engine=_SG,
+                **where,
                 tokens=int(m.group("tokens")),
                 k_gib=float(m.group("k")) if m.group("k") else None,
                 v_gib=float(m.group("v")) if m.group("v") else None,
@@ -218,9 +198,7 @@ def parse_sglang_message(
             )
     if msg.startswith("Memory pool end"):
         m = P.POOL_END.search(msg)
-        return MemoryPoolEnd(
-            line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, avail_gib=_f(m) if m else None
-        )
+        return MemoryPoolEnd(**where, avail_gib=_f(m) if m else None)
     if msg.startswith("max_total_num_tokens="):
         kv = dict(P.KEY_NUM.findall(msg))
         avail = P.AVAIL.search(msg) or None
@@ -231,12 +209,7 @@ def parse_sglang_message(
 
         gpu = kv.get("available_gpu_mem")
         return Capacity(
-            line_no=line_no,
-            text=text,
-            ts=ts,
-            rank=rank,
-            dp=dp,
-            engine=_SG,
+            **where,
             max_total_num_tokens=gi("max_total_num_tokens"),
             chunked_prefill_size=gi("chunked_prefill_size"),
             max_prefill_tokens=gi("max_prefill_tokens"),
@@ -247,15 +220,10 @@ def parse_sglang_message(
     if msg.startswith(("Init torch distributed", "Init parallel", "Memory baseline taken")):
         stage = "baseline" if msg.startswith("Memory") else ("begin" if " begin" in msg else "end")
         use = P.DIST_END_USAGE.search(msg)
-        return DistInit(line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, stage=stage, usage_gib=_f(use))
+        return DistInit(**where, stage=stage, usage_gib=_f(use))
     if "ready to roll" in msg:
         return PhaseChange(
-            line_no=line_no,
-            text=text,
-            ts=ts,
-            rank=rank,
-            dp=dp,
-            engine=_SG,
+            **where,
             phase=Phase.SERVING,
             what="ready",
             ready=True,
@@ -265,12 +233,7 @@ def parse_sglang_message(
         if m:
             kernel = "fused_moe" if "MoE" in m.group("what") else "w8a8_block_fp8"
             return KernelConfig(
-                line_no=line_no,
-                text=text,
-                ts=ts,
-                rank=rank,
-                dp=dp,
-                engine=_SG,
+                **where,
                 kernel=kernel,
                 tuned=True,
                 path=m.group("path"),
@@ -279,12 +242,7 @@ def parse_sglang_message(
         if m:
             kernel = "fused_moe" if "MoE" in m.group("what") else "w8a8_block_fp8"
             return KernelConfig(
-                line_no=line_no,
-                text=text,
-                ts=ts,
-                rank=rank,
-                dp=dp,
-                engine=_SG,
+                **where,
                 kernel=kernel,
                 tuned=False,
                 path=m.group("path"),
@@ -293,29 +251,19 @@ def parse_sglang_message(
         m = P.PROFILED_VALUE.search(msg)
         if m and int(m.group(2)) <= 0:
             return ErrorEvent(
-                line_no=line_no,
-                text=text,
-                ts=ts,
-                rank=rank,
-                dp=dp,
-                engine=_SG,
+                **where,
                 kind=ErrorKind.KV_BUDGET,
                 message=msg,
                 traceback=(text,),
             )
-        return LogWarning(line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, message=msg)
+        return LogWarning(**where, message=msg)
     if "kill_process_tree" in msg and "include_parent=False" in msg:
-        return RunEnd(line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, reason=msg)
+        return RunEnd(**where, reason=msg)
     if any(h in msg for h in _FATAL_HINTS):
         kind = classify_error_text(msg)
         if kind is not ErrorKind.OTHER and not msg.startswith(("Ignore import error", "Failed to import")):
             return ErrorEvent(
-                line_no=line_no,
-                text=text,
-                ts=ts,
-                rank=rank,
-                dp=dp,
-                engine=_SG,
+                **where,
                 kind=kind,
                 message=msg,
                 traceback=(text,),
@@ -329,5 +277,5 @@ def parse_sglang_message(
         or "is unbalanced" in msg
         or "Not enough" in msg
     ):
-        return LogWarning(line_no=line_no, text=text, ts=ts, rank=rank, dp=dp, engine=_SG, message=msg)
+        return LogWarning(**where, message=msg)
     return None

@@ -188,7 +188,7 @@ def nccl_error_traceback() -> str:
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
         "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\n"
         "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \n"
-        "Last error:\nsocketStartConnect: Connect to 10.0.0.2<45173> failed : Software caused connection abort"
+        "Last error:\nsocketStartConnect: Connect to 127.0.0.1<45173> failed : Software caused connection abort"
     )
 
 
