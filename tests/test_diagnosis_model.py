@@ -15,6 +15,7 @@ from dsv4lab.hardware import model_profile
 from dsv4lab.hosts import LocalHost
 from dsv4lab.launch import launch
 from dsv4lab.logs import Outcome, Phase
+from dsv4lab.memory import preflight
 from dsv4lab.presets import config_a, config_b, config_b_fixed
 from dsv4lab.watch import wait_ready
 from tests.sshd import free_port
@@ -117,6 +118,10 @@ def test_calibration_changes_predictions() -> None:
     # Two batch sizes: both intercept and slope are fitted (64 - 16 = 48 slots cost 3 GiB).
     assert c.model.graphs.target_b_gib == pytest.approx(3.0 / 48, rel=0.01)
     assert c.model.graphs.target_a_gib == pytest.approx(2.5 - 16 * 3.0 / 48, abs=0.01)
+    # ... and later predictions use them: Config A's decode graphs at bs 256 as the fitted line says.
+    p = preflight(config_a(), model=c.model)
+    assert p.graphs[0].gib == pytest.approx(c.model.graphs.target_a_gib + 256 * c.model.graphs.target_b_gib)
+    assert p.graphs[0].gib != pytest.approx(preflight(config_a()).graphs[0].gib)
 
 
 def test_config_from_server_args_and_hardware() -> None:
