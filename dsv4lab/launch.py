@@ -72,7 +72,7 @@ class ServerHandle:
     def port(self) -> int:
         return self.config.port
 
-    def server_pid(self, *, timeout_s: float = 15.0) -> int | None:
+    def server_pid(self) -> int | None:
         """PID of the server process, once the launch script has started it."""
         text = self.host.read_text(self.layout.server_pid)
         return int(text) if text and text.strip().isdigit() else None

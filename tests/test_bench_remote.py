@@ -16,7 +16,7 @@ from dsv4lab.bench import ClientOptions, LoadSpec, RemoteBenchError, parse_jsonl
 from dsv4lab.bench.remote import build_argv, remote_result, run_remote
 from dsv4lab.bench.results import Provenance
 from dsv4lab.bench.workload import shared_prefix_workload
-from dsv4lab.hosts import LocalHost
+from dsv4lab.hosts import Host, LocalHost
 
 
 def line(label: str, value: object) -> str:
@@ -310,11 +310,12 @@ def fake_sglang(root: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("version", "module"), [("0.5.23", "sglang.benchmark.serving"), ("0.5.4", "sglang.bench_serving")]
 )
-def test_run_remote_through_a_host(tmp_path: Path, version: str, module: str) -> None:
+def test_run_remote_through_a_host(tmp_path: Path, version: str, module: str, any_host: Host) -> None:
+    # any_host: this machine, and the same machine through the real sshd (SSH transport, SFTP fetch).
     python = fake_sglang(tmp_path / "site")
     wl = random_workload(4, 128, 4, seed=9)
     r = run_remote(
-        LocalHost(),
+        any_host,
         "http://127.0.0.1:30000",
         wl,
         LoadSpec(concurrency=4),

@@ -96,6 +96,11 @@ def _running_twin(state_dir: Path) -> dict[str, object] | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not _alive(pid):
+            # A SIGKILLed twin cannot clean up after itself; its files would pile up and, once its PID
+            # is reused, could pass for a live twin.
+            for stale in (p, *state_dir.glob(f"twin-{pid}.gpu*.json")):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
             continue
         mtime = p.stat().st_mtime
         if best is None or mtime > best[0]:
