@@ -395,9 +395,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so long verbs (demo, watch) stop the servers they started."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    import threading
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt) if in_main else None
+    try:
+        return _run(args)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -408,6 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:  # e.g. `dsv4lab ... | head`: the reader left, nothing to report
             sys.stderr.close()
             return 0
+        except KeyboardInterrupt:
+            print("Interrupted.", file=sys.stderr)
+            return 130
     for w in caught:
         print(f"Note: {w.message}", file=sys.stderr)
     return status

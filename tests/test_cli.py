@@ -139,3 +139,33 @@ def test_preflight_set_and_hardware() -> None:
     bad = run_cli("preflight", "--preset", "config_a", "--hardware", "a100")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "Error: hardware='a100' is not valid: one of rtx-pro-6000-x8, h200-x8, tiny"
+
+
+def test_sigterm_stops_the_servers_a_demo_started(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsv4lab", "demo", "--out", str(tmp_path), "--time-scale", "0.02"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(tmp_path.glob("demo-*/runs/config-a/server.pid")):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 130
+    assert list(tmp_path.glob("demo-*/README.md")), "the report is still written"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"servers left running: {[p.pid for p in left]}"
