@@ -154,7 +154,7 @@ def launch(
     release = resolve_release(sglang_version)
     if python is None:
         python = sys.executable if target == "twin" and isinstance(host, LocalHost) else "python3"
-    run_dir = host.home_path(run_dir)
+    run_dir = host.absolute_path(run_dir)
     layout = RunLayout(run_dir)
     host.makedirs(run_dir, timeout_s=timeout_s)
     previous = _read_handle(host, run_dir)
@@ -237,7 +237,7 @@ def _read_handle(host: Host, run_dir: str) -> dict[str, Any] | None:
 
 def attach(host: Host, run_dir: str) -> ServerHandle:
     """The handle of a server launched earlier into ``run_dir`` (running or not)."""
-    run_dir = host.home_path(run_dir)
+    run_dir = host.absolute_path(run_dir)
     data = _read_handle(host, run_dir)
     if data is None:
         raise LaunchError(f"no dsv4lab launch in {run_dir} on {host.name} ({HANDLE_FILE} missing or unreadable)")

@@ -28,7 +28,7 @@ from dsv4lab.errors import ConfigError
 from dsv4lab.hardware import hardware_profile, model_profile
 from dsv4lab.hosts import Host, LocalHost
 from dsv4lab.kernels import KernelBreakdown, profile_server
-from dsv4lab.launch import ServerHandle, find_listener, launch
+from dsv4lab.launch import LaunchError, ServerHandle, find_listener, launch
 from dsv4lab.memory import preflight
 from dsv4lab.presets import config_a, config_b, config_b_fixed
 from dsv4lab.watch import Readiness, wait_ready
@@ -119,6 +119,7 @@ def run_story(
 ) -> StoryReport:
     """Run every step; returns the report (also written as README.md and report.html in ``out_dir``)."""
     s = settings or StorySettings()
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     host: Host = LocalHost() if s.host is None else _ssh(s.host)
     report = StoryReport(out_dir, s)
@@ -198,7 +199,7 @@ def run_story(
             f"Launch: **{ra.verdict.value}** after {ra.elapsed_s:.1f} s ({_timeline(ra)}).",
         ]
         if not ra.ready:
-            raise RuntimeError(f"Config A did not start: {ra.reason}")
+            raise LaunchError(f"Config A did not start: {ra.reason}")
         a_url = url(a)
         kernels = _profile(host, a, a_url, out_dir, wl, s)
         attn = kernels.share("attention")
@@ -279,7 +280,7 @@ def run_story(
         ]
         say(f"[5] Config B-fixed: {rf.verdict.value}")
         if not rf.ready:
-            raise RuntimeError(f"Config B-fixed did not start: {rf.reason}")
+            raise LaunchError(f"Config B-fixed did not start: {rf.reason}")
 
         # -- Step 6: A/B -------------------------------------------------------------------------------------------
         step = StoryStep("6-ab", "Step 6 — A/B: Config A vs Config B-fixed (MTP)")

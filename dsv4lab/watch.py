@@ -201,7 +201,9 @@ def wait_ready(
         evidence: tuple[str, ...] = ()
         if verdict is not Verdict.READY and lines:
             diag = diagnose(list(lines))
-            evidence = tuple(diag.evidence) or tuple(fatal_lines[-40:])
+            # With no error block to show, the last lines the server (or its launch script) wrote are
+            # the evidence: a missing env file or a bash error explains a silent exit.
+            evidence = tuple(diag.evidence) or tuple(fatal_lines[-40:]) or tuple(list(lines)[-20:])
             if verdict is Verdict.CRASHED and diag.cause:
                 reason = f"{reason} {diag.cause}".strip()
         return Readiness(
@@ -288,7 +290,12 @@ def wait_ready(
                         died = "the server process has exited" + (
                             f" with status {status}" if status is not None else ""
                         )
-                        if status == 137 and not fatal_lines:
+                        if not lines and handle.host.read_text(handle.log_path) is None:
+                            died = (
+                                "the launch script exited before the server wrote its log "
+                                f"(no {handle.log_path}; launcher exit status {status})"
+                            )
+                        elif status == 137 and not fatal_lines:
                             died += " (SIGKILL, and it logged no error: killed from outside, e.g. the OOM killer)"
                         elif not fatal_lines:
                             died += " without logging an error"

@@ -345,3 +345,38 @@ def test_multi_node_crash_on_a_later_node_is_not_hidden(tmp_path: Path, handles:
     assert r.verdict is Verdict.CRASHED
     assert r.elapsed_s < 20  # not after node 0's 60 s stall window
     assert not node0.is_alive()  # the rest of the multi-node server is stopped with it
+
+
+def test_relative_run_dir_is_made_absolute(
+    tmp_path: Path, handles: list[ServerHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `dsv4lab demo --out reports` launches into a relative run dir; the script cds into it, so the
+    # paths it writes must not stay relative.
+    monkeypatch.chdir(tmp_path)
+    h = launch(
+        LocalHost(), tiny(free_port()), "reports/run", target="twin", twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny")
+    )
+    handles.append(h)
+    assert h.run_dir == str(tmp_path / "reports" / "run")
+    assert wait_ready(h, 60, progress=False).ready
+    assert (tmp_path / "reports" / "run" / "server.log").exists()
+    assert attach(LocalHost(), "reports/run").launcher_pid == h.launcher_pid
+
+
+def test_absolute_paths_over_ssh(sshd: SSHD) -> None:
+    host = sshd.connect()
+    home = host.home_path("~")
+    assert host.absolute_path("runs/x") == f"{home}/runs/x"
+    assert host.absolute_path("~/runs/../y") == f"{home}/y"
+    assert host.absolute_path("/srv/a/") == "/srv/a"
+    host.close()
+
+
+def test_launcher_that_dies_before_the_log_is_explained(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    config = tiny(free_port()).replace(env_files=(str(tmp_path / "missing.sh"),))
+    h = launch(LocalHost(), config, str(tmp_path / "x"), target="twin", twin_env=twin_env())
+    handles.append(h)
+    r = wait_ready(h, 30, progress=False)
+    assert r.verdict is Verdict.CRASHED
+    assert "exited with status 1" in r.reason
+    assert any("missing.sh: No such file or directory" in line for line in r.evidence), r.evidence

@@ -7,6 +7,7 @@ transport differs between :class:`~dsv4lab.hosts.local.LocalHost` and :class:`~d
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from abc import ABC, abstractmethod
@@ -285,3 +286,15 @@ class Host(ABC):
             return path
         home = self.run(["bash", "-c", 'printf %s "$HOME"'], timeout_s=15.0).check().stdout
         return home + path[1:]
+
+    def absolute_path(self, path: str) -> str:
+        """An absolute path on the host: ``~/x`` and relative paths are taken from the login directory.
+
+        Run directories must be absolute: the launch script ``cd``s into its run directory and then
+        writes its log there, so a relative path would point somewhere else by then.
+        """
+        if path.startswith("/"):
+            return posixpath.normpath(path)
+        if path.startswith("~"):
+            return posixpath.normpath(self.home_path(path))
+        return posixpath.normpath(posixpath.join(self.home_path("~"), path))

@@ -81,6 +81,10 @@ class LocalHost(Host):
     def home_path(self, path: str) -> str:
         return os.path.expanduser(path)
 
+    def absolute_path(self, path: str) -> str:
+        """Relative paths are relative to this process's working directory, as users expect locally."""
+        return os.path.abspath(os.path.expanduser(path))
+
 
 class _LocalFollower(Follower):
     def __init__(self, path: Path, offset: int) -> None:
