@@ -284,9 +284,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     settings = StorySettings(time_scale=args.time_scale, repeats=args.repeats)
     out = run_demo(Path(args.out), settings, campaign=not args.scripts_only)
-    print(f"dsv4lab demo wrote: {out.resolve()}")
     if not args.scripts_only:
-        print(f"open {(out / 'report.html').resolve()} (narrative: {(out / 'README.md').resolve()})")
+        print(f"report: {(out / 'report.html').resolve()} (narrative: {(out / 'README.md').resolve()})")
+    print(f"dsv4lab demo wrote: {out.resolve()}")
     return 0
 
 

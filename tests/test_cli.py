@@ -98,7 +98,7 @@ def test_demo_writes_and_prints_its_path(tmp_path: Path) -> None:
     # The campaign itself is tested in test_story.py; here the command and the real-host scripts.
     proc = run_cli("demo", "--out", str(tmp_path), "--scripts-only")
     assert proc.returncode == 0, proc.stderr
-    out = Path(proc.stdout.strip().splitlines()[0].rsplit(": ", 1)[1])
+    out = Path(proc.stdout.strip().splitlines()[-1].rsplit(": ", 1)[1])
     assert out.parent == tmp_path.resolve()
     assert (out / "real-host" / "README.md").exists()
     script = (out / "real-host" / "2-config-b" / "launch.sh").read_text()
