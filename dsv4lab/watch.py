@@ -159,6 +159,7 @@ def wait_ready(
     http_timeout_s: float = 2.0,
     dying_grace_s: float = 3.0,
     reconnect_max_s: float = 30.0,
+    exit_status_wait_s: float = 1.0,
     keep_running: bool = False,
     progress: bool = True,
     on_line: Callable[[str], None] | None = None,
@@ -286,7 +287,13 @@ def wait_ready(
                             lines.append(item.text)
                             if _is_fatal(classify_line(item.text)):
                                 fatal_lines.append(item.text)
+                        # The launch script writes the exit status just after the server dies: give it a
+                        # moment, or a fast watcher reports "exited" without the status.
                         status = handle.exit_status()
+                        settle = time.monotonic() + exit_status_wait_s
+                        while status is None and time.monotonic() < settle:
+                            time.sleep(0.05)
+                            status = handle.exit_status()
                         died = "the server process has exited" + (
                             f" with status {status}" if status is not None else ""
                         )
