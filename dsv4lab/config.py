@@ -250,6 +250,8 @@ class ServerConfig:
         if isinstance(self.speculative, Mapping):
             object.__setattr__(self, "speculative", _spec_from_dict(dict(self.speculative)))
         _check_types(self)
+        if isinstance(self.mem_fraction_static, int):  # TOML/JSON may hand over 1 for 1.0
+            object.__setattr__(self, "mem_fraction_static", float(self.mem_fraction_static))
         self._validate()
 
     # -- validation -------------------------------------------------------------------------------
@@ -539,8 +541,15 @@ def _spec_from_dict(data: Any) -> SpeculativeConfig:
     return SpeculativeConfig(**data)
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _type_hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """Resolved annotations, cached: resolving them is slow and every construction needs them."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def _describe(tp: Any) -> str:
@@ -584,8 +593,6 @@ def _check_types(obj: Any, data: Mapping[str, Any] | None = None, prefix: str = 
     values = data if data is not None else {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     for name, value in values.items():
         _check_value(prefix + name, value, hints[name])
-    if data is None and isinstance(obj, ServerConfig) and isinstance(obj.mem_fraction_static, int):
-        object.__setattr__(obj, "mem_fraction_static", float(obj.mem_fraction_static))
 
 
 def _no_control_chars(name: str, value: str) -> None:

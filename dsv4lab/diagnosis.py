@@ -44,6 +44,19 @@ def _server_args(log: LogSource) -> dict[str, Any] | None:
     return None
 
 
+def _lever(fix: Fix) -> tuple[str, float | int] | None:
+    """(config field, value) of a fix that sets one modelled flag, e.g. ``--mem-fraction-static 0.60``."""
+    match = _FLAG_VALUE.match(fix.change.strip())
+    name = _FIELD_FOR_FLAG.get(match.group(1)) if match else None
+    if match is None or name is None:
+        return None
+    try:
+        value: float | int = float(match.group(2)) if name == "mem_fraction_static" else int(match.group(2))
+    except ValueError:
+        return None
+    return name, value
+
+
 def _verdict(p: Preflight) -> str:
     if p.fits:
         return f"the model predicts it fits with {p.min_headroom_gib:.1f} GiB left on the tightest GPU"
@@ -100,41 +113,31 @@ def _with_model(
         + (f": short by {base.short_by_gib:.1f} GiB in {base.fail_phase}." if not base.fits else "; it should fit.")
     )
     checked: list[Fix] = []
+    levers: dict[str, tuple[Fix, float | int]] = {}  # the first fix per config field, for the combination
     for fix in d.fixes:
-        m_flag = _FLAG_VALUE.match(fix.change.strip())
-        name = _FIELD_FOR_FLAG.get(m_flag.group(1)) if m_flag else None
-        if m_flag is None or name is None:
+        lever = _lever(fix)
+        if lever is None:
             checked.append(fix)
             continue
+        name, value = lever
         try:
-            value: float | int = float(m_flag.group(2)) if name == "mem_fraction_static" else int(m_flag.group(2))
             p = preflight(config.replace(**{name: value}), hw, m, sglang_version=version)
-        except (ValueError, ConfigError):
+        except ConfigError:  # a value the config rejects: keep the fix as the log reading gave it
             checked.append(fix)
             continue
         checked.append(Fix(fix.change, f"{fix.why} Checked: {_verdict(p)}."))
+        levers.setdefault(name, (fix, value))
     # Both levers together (the story's fix), and the model's own suggestions, each checked.
     extra: list[Fix] = []
     flags = [f.change for f in checked]
-    pair = [f for f in checked if _FLAG_VALUE.match(f.change.strip())]
-    if len(pair) >= 2:
-        changes: dict[str, Any] = {}
-        for f in pair[:2]:
-            mm = _FLAG_VALUE.match(f.change.strip())
-            assert mm is not None
-            key = _FIELD_FOR_FLAG.get(mm.group(1))
-            if key == "mem_fraction_static":
-                changes[key] = float(mm.group(2))
-            elif key is not None:
-                changes[key] = int(mm.group(2))
-        if len(changes) == 2:
-            p = preflight(config.replace(**changes), hw, m, sglang_version=version)
-            extra.append(
-                Fix(
-                    f"{pair[0].change} {pair[1].change}",
-                    f"Both changes together: {_verdict(p)}; the KV pool keeps {p.kv_tokens:,} tokens.",
-                )
+    if len(levers) == 2:
+        p = preflight(config.replace(**{k: v for k, (_, v) in levers.items()}), hw, m, sglang_version=version)
+        extra.append(
+            Fix(
+                " ".join(f.change for f, _ in levers.values()),
+                f"Both changes together: {_verdict(p)}; the KV pool keeps {p.kv_tokens:,} tokens.",
             )
+        )
     for s in suggest(config, hw, m, sglang_version=version):
         change = s.as_flags(version)
         if change not in flags:

@@ -9,7 +9,6 @@ detokenizer children behind, and a GPU held by an orphan blocks the next launch.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -255,12 +254,3 @@ def attach(host: Host, run_dir: str) -> ServerHandle:
         int(data.get("node_rank", 0)),
         extra,
     )
-
-
-def describe_command(handle: ServerHandle) -> str:
-    """The server command line as the launch script runs it (for reports)."""
-    script = handle.host.read_text(handle.layout.script) or ""
-    for line in script.splitlines():
-        if line.endswith(" &") and ">>" in line:
-            return line.split(" >>", 1)[0]
-    return shlex.join(["bash", handle.layout.script])

@@ -26,7 +26,7 @@ from dsv4lab.config import ServerConfig, diff, save
 from dsv4lab.diagnosis import diagnose_with_model
 from dsv4lab.errors import ConfigError
 from dsv4lab.hardware import hardware_profile, model_profile
-from dsv4lab.hosts import Host, LocalHost
+from dsv4lab.hosts import Host, open_host
 from dsv4lab.kernels import KernelBreakdown, profile_server
 from dsv4lab.launch import LaunchError, ServerHandle, find_listener, launch
 from dsv4lab.memory import preflight
@@ -121,7 +121,7 @@ def run_story(
     s = settings or StorySettings()
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    host: Host = LocalHost() if s.host is None else _ssh(s.host)
+    host: Host = open_host(s.host)
     report = StoryReport(out_dir, s)
     handles: list[ServerHandle] = []
     hw = hardware_profile(s.hardware)
@@ -345,12 +345,6 @@ def _profile(
     return profile_server(
         url, host, str(out_dir / "runs" / "config-a" / "profile"), during, local_dir=str(out_dir / "traces")
     )
-
-
-def _ssh(spec: str) -> Host:
-    from dsv4lab.hosts import open_host
-
-    return open_host(spec)
 
 
 def _write(report: StoryReport) -> None:
