@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4lab.hosts.base import CommandResult, Follower, Host, KillReport, LogLine, PortForward
+from dsv4lab.hosts.base import CommandResult, Follower, Host, KillReport, LineStream, LogLine, PortForward, StreamStart
 from dsv4lab.hosts.local import LocalHost
 from dsv4lab.hosts.ssh import SSHHost, fingerprint, resolve_target
 
@@ -11,10 +11,12 @@ __all__ = [
     "Follower",
     "Host",
     "KillReport",
+    "LineStream",
     "LocalHost",
     "LogLine",
     "PortForward",
     "SSHHost",
+    "StreamStart",
     "fingerprint",
     "open_host",
     "resolve_target",

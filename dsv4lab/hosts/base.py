@@ -11,12 +11,12 @@ import posixpath
 import re
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dsv4lab.errors import CommandError
 
-__all__ = ["CommandResult", "Follower", "Host", "KillReport", "LogLine", "PortForward"]
+__all__ = ["CommandResult", "Follower", "Host", "KillReport", "LineStream", "LogLine", "PortForward", "StreamStart"]
 
 _LINE = re.compile(rb"[^\r\n]*[\r\n]")
 
@@ -122,6 +122,94 @@ class Follower(ABC):
         self.close()
 
 
+@dataclass(frozen=True)
+class StreamStart:
+    """The host's clock when a stream began: its epoch seconds and its UTC offset (``date +%z``).
+
+    Timestamps a command prints (nvidia-smi's, a log's) are in the host's local time; this is what turns
+    them into instants that line up with each other and with the caller's clock.
+    """
+
+    epoch_s: float
+    utc_offset_s: int
+
+
+#: First line a stream prints, before the command's own output: host epoch and UTC offset.
+STREAM_MARK = "\x1edsv4lab-stream"
+
+
+class LineStream(ABC):
+    """The stdout lines of a long-running command on a host, read over one persistent channel.
+
+    Closing the stream ends the command: the wrapper around it waits on its stdin and SIGTERMs the command
+    when stdin closes, which happens both when :meth:`close` is called and when the connection drops, so
+    no loop process is left running on the host either way.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.start: StreamStart | None = None
+        self._stderr = bytearray()
+
+    def _split(self, data: bytes) -> list[str]:
+        buf = self._pending + data
+        parts = buf.split(b"\n")
+        self._pending = parts.pop()
+        out: list[str] = []
+        for raw in parts:
+            line = raw.decode("utf-8", "replace").rstrip("\r")
+            if self.start is None and line.startswith(STREAM_MARK):
+                self.start = _parse_mark(line)
+                continue
+            out.append(line)
+        return out
+
+    def _add_stderr(self, data: bytes) -> None:
+        self._stderr += data
+        if len(self._stderr) > 1 << 16:
+            del self._stderr[: len(self._stderr) - (1 << 15)]
+
+    @property
+    def stderr_tail(self) -> str:
+        """The last lines the command wrote to stderr (for error messages)."""
+        return "\n".join(self._stderr.decode("utf-8", "replace").strip().splitlines()[-TAIL_LINES:])
+
+    @abstractmethod
+    def poll(self, timeout_s: float) -> list[str]:
+        """Complete stdout lines that arrived within ``timeout_s`` (possibly none).
+
+        Raises :class:`~dsv4lab.errors.HostConnectionError` when the connection to the host is lost.
+        """
+
+    @property
+    @abstractmethod
+    def exit_status(self) -> int | None:
+        """The command's exit status once it has ended (None while it runs)."""
+
+    @abstractmethod
+    def close(self, timeout_s: float = 1.0) -> None:
+        """End the command and release the channel, waiting at most ``timeout_s`` for it to exit."""
+
+    def __enter__(self) -> LineStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _parse_mark(line: str) -> StreamStart | None:
+    words = line.split()
+    try:
+        epoch = float(words[1])
+    except (IndexError, ValueError):
+        epoch = float(words[1].split(".")[0]) if len(words) > 1 and words[1].split(".")[0].isdigit() else 0.0
+    offset = 0
+    if len(words) > 2 and len(words[2]) == 5 and words[2][0] in "+-" and words[2][1:].isdigit():
+        sign = -1 if words[2][0] == "-" else 1
+        offset = sign * (int(words[2][1:3]) * 3600 + int(words[2][3:5]) * 60)
+    return StreamStart(epoch, offset)
+
+
 @dataclass
 class PortForward:
     """A local port that reaches ``remote_port`` on the host; close it when done."""
@@ -207,6 +295,30 @@ done
 """
 
 
+# Runs "$@" as the stream's command. Prints the host clock first; then a watcher waits for stdin to close
+# (the caller closed the stream, or the connection dropped) and SIGTERMs the command, so a loop process
+# never outlives its reader. The command itself reads /dev/null.
+_STREAM = r"""
+exec 3<&0 0</dev/null
+printf '\036dsv4lab-stream %s %s\n' "$(date +%s.%N)" "$(date +%z)"
+"$@" 3<&- &
+child=$!
+( cat <&3 >/dev/null 2>&1; kill -TERM "$child" 2>/dev/null ) > /dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$child"
+status=$?
+kill -TERM "$watcher" 2>/dev/null
+exit "$status"
+"""
+
+
+def stream_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """The argv that runs ``argv`` under the stream wrapper, with ``env`` set for the command only."""
+    prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+    return [*prefix, "bash", "-c", _STREAM, "dsv4lab-stream", *argv]
+
+
 class Host(ABC):
     """A machine dsv4lab can run commands on, copy files to and from, and start servers on."""
 
@@ -239,6 +351,14 @@ class Host(ABC):
     @abstractmethod
     def forward(self, remote_port: int) -> PortForward:
         """A local port reaching ``remote_port`` on the host's loopback."""
+
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
+        """Run ``argv`` on the host and stream its stdout lines over one channel until closed.
+
+        For commands that print forever (``nvidia-smi -lms``, ``tail -F``): one long-running process
+        instead of one exec per sample. ``env`` is set for the command only.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot stream commands")
 
     def close(self) -> None:  # noqa: B027 - optional for hosts with nothing to release
         """Release connections; the host's processes keep running."""

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shlex
 import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from dsv4lab.hosts.base import CommandResult, Follower, Host, LogLine, PortForward
+from dsv4lab.hosts.base import CommandResult, Follower, Host, LineStream, LogLine, PortForward, stream_argv
 
 __all__ = ["LocalHost"]
 
@@ -78,6 +81,9 @@ class LocalHost(Host):
         """The host is this machine: the port is reachable as it is."""
         return PortForward(local_port=remote_port, remote_port=remote_port)
 
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
+        return _LocalStream(argv, env)
+
     def home_path(self, path: str) -> str:
         return os.path.expanduser(path)
 
@@ -120,3 +126,77 @@ class _LocalFollower(Follower):
         if self._file is not None:
             self._file.close()
         self._file = None
+
+
+class _LocalStream(LineStream):
+    """A subprocess in its own session; stdin is the wrapper's "stop" line, the group a last resort."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
+        super().__init__()
+        merged = {**os.environ, **(env or {})}
+        self._proc = subprocess.Popen(
+            stream_argv(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=merged,
+            start_new_session=True,
+        )
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._out = self._proc.stdout.fileno()
+        self._err = self._proc.stderr.fileno()
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._err, False)
+        self._eof = False
+
+    def _drain_stderr(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while True:
+                data = os.read(self._err, 1 << 16)
+                if not data:
+                    return
+                self._add_stderr(data)
+
+    def poll(self, timeout_s: float) -> list[str]:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            if not self._eof:
+                select.select([self._out, self._err], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+            self._drain_stderr()
+            data = b""
+            with contextlib.suppress(BlockingIOError):
+                chunk = os.read(self._out, 1 << 16)
+                if chunk:
+                    data = chunk
+                else:
+                    self._eof = True
+            if data:
+                lines = self._split(data)
+                if lines:
+                    return lines
+            if self._eof or time.monotonic() >= deadline:
+                if self._eof and self._proc.poll() is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self._proc.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+                return []
+
+    @property
+    def exit_status(self) -> int | None:
+        return self._proc.poll()
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=1.0)
+        self._drain_stderr()
+        for f in (self._proc.stdout, self._proc.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()

@@ -17,14 +17,14 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import paramiko
 
 from dsv4lab.errors import HostConnectionError, HostKeyError
-from dsv4lab.hosts.base import CommandResult, Follower, Host, LogLine, PortForward
+from dsv4lab.hosts.base import CommandResult, Follower, Host, LineStream, LogLine, PortForward, stream_argv
 
 __all__ = ["SSHHost", "SSHTarget", "fingerprint", "resolve_target"]
 
@@ -343,6 +343,9 @@ class SSHHost(Host):
     def follow(self, path: str, from_offset: int = 0) -> Follower:
         return _SSHFollower(self, path, from_offset)
 
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
+        return _SSHStream(self, argv, env)
+
     def forward(self, remote_port: int) -> PortForward:
         fwd = _Forwarder(self, remote_port)
         return PortForward(local_port=fwd.local_port, remote_port=remote_port, _closer=fwd)
@@ -384,6 +387,67 @@ class _SSHFollower(Follower):
                 return []
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._chan.close()
+
+
+class _SSHStream(LineStream):
+    """One exec channel for the command's whole life; EOF on its stdin is the wrapper's signal to stop it."""
+
+    def __init__(self, host: SSHHost, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
+        super().__init__()
+        self._host = host
+        wire = shlex.join(stream_argv(argv, env))
+        try:
+            self._chan = host.transport.open_session(timeout=host.connect_timeout_s)
+            self._chan.exec_command(wire)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostConnectionError(f"cannot start `{shlex.join(argv)}` on {host.name}: {exc}") from exc
+
+    def poll(self, timeout_s: float) -> list[str]:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        chan = self._chan
+        while True:
+            try:
+                select.select([chan], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+                data = bytearray()
+                while chan.recv_ready():
+                    data += chan.recv(1 << 16)
+                while chan.recv_stderr_ready():
+                    self._add_stderr(chan.recv_stderr(1 << 16))
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise HostConnectionError(f"lost the command stream from {self._host.name}: {exc}") from exc
+            if data:
+                lines = self._split(bytes(data))
+                if lines:
+                    return lines
+            elif (chan.exit_status_ready() and chan.exit_status != -1) or (
+                chan.eof_received and not chan.closed and self._host.connected
+            ):
+                # The command ended (exit_status says how), or its output ended and the status is on its way.
+                if time.monotonic() >= deadline:
+                    return []
+                time.sleep(0.01)
+                continue
+            elif chan.closed or not self._host.connected:
+                # paramiko marks a channel closed by a dropped transport "exit status ready" with -1.
+                raise HostConnectionError(f"lost the command stream from {self._host.name}")
+            if time.monotonic() >= deadline:
+                return []
+
+    @property
+    def exit_status(self) -> int | None:
+        status = self._chan.exit_status if self._chan.exit_status_ready() else -1
+        return None if status == -1 else status
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with contextlib.suppress(Exception):
+            self._chan.shutdown_write()
+            while not self._chan.exit_status_ready() and not self._chan.closed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            while self._chan.recv_stderr_ready():
+                self._add_stderr(self._chan.recv_stderr(1 << 16))
         with contextlib.suppress(Exception):
             self._chan.close()
 

@@ -36,7 +36,7 @@ from dsv4lab.twin.procs import Child, fork_child, kill_process_tree
 from dsv4lab.twin.profiler import Profiler
 from dsv4lab.twin.scheduler import Scheduler, SchedulerLimits
 from dsv4lab.twin.settings import TwinSettings
-from dsv4lab.twin.smi import remove_state, write_main_state
+from dsv4lab.twin.smi import RELEASE_S, release_state, write_main_state
 from dsv4lab.twin.startup import PhaseTimes, RankContext, rank_main
 from dsv4lab.twin.timing import TimingModel
 
@@ -153,7 +153,8 @@ class Twin:
     # -- teardown -------------------------------------------------------------------------------------
 
     def die(self, *, include_parent: bool = True) -> None:
-        remove_state(self.settings.state_dir, self.pid)
+        # The GPUs read as in use until the driver has released the killed processes' memory.
+        release_state(self.settings.state_dir, self.pid, RELEASE_S * self.settings.time_scale)
         kill_process_tree(
             self.children, self.log, include_parent=include_parent, logs_call=self.release.logs_kill_process_tree
         )
@@ -413,7 +414,12 @@ class Twin:
             util = min(100.0, 100.0 * (scheduler.stats.busy_s - last_busy) / max(now - last_t, 1e-6))
             last_busy, last_t = scheduler.stats.busy_s, now
             write_main_state(
-                self.settings.state_dir, self.pid, self.settings.hardware.name, dict.fromkeys(gpus, util), gpus
+                self.settings.state_dir,
+                self.pid,
+                self.settings.hardware.name,
+                dict.fromkeys(gpus, util),
+                gpus,
+                port=self.args.config.port,
             )
             await asyncio.sleep(STATE_INTERVAL_S)
 
@@ -483,7 +489,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.log(_format_server_args(_server_args(args, p, twin.context_len), settings.release.key >= (0, 5, 23)))
     signal.signal(signal.SIGQUIT, twin._launch_sigquit)
     fds = twin.spawn()
-    write_main_state(settings.state_dir, twin.pid, settings.hardware.name, {}, list(range(len(twin.rank_children))))
+    write_main_state(
+        settings.state_dir,
+        twin.pid,
+        settings.hardware.name,
+        {},
+        list(range(len(twin.rank_children))),
+        port=args.config.port,
+    )
     if not twin.wait_ready(fds):
         twin.die(include_parent=False)
         return 1

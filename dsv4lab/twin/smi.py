@@ -1,22 +1,31 @@
 """An ``nvidia-smi`` stand-in that answers from a running twin's GPU state.
 
-Memory-sampling code calls ``nvidia-smi --query-gpu=index,name,memory.used,memory.total,utilization.gpu
---format=csv,noheader,nounits``; against the twin it should work unchanged. The twin's processes leave
-small JSON files in a per-user state directory (main process: hardware and utilisation; each scheduler
-rank: its GPU's used memory); this module reads them. With no twin running it reports the idle GPUs of the
-chosen hardware profile. :func:`write_smi_shim` puts an executable ``nvidia-smi`` into a directory meant
-for a twin run's ``PATH`` — never anywhere global.
+Memory-sampling code calls ``nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total,utilization.gpu
+--format=csv,noheader,nounits -lms 500``; against the twin it should work unchanged, loop mode included. The
+twin's processes leave small JSON files in a per-user state directory (main process: hardware, port and
+utilisation; each scheduler rank: its GPU's used memory, updated after every allocation); this module reads
+them. With no twin running it reports the idle GPUs of the chosen hardware profile.
+
+Several twins may run on one machine (an A/B runs two side by side), so a sampler must be able to say which
+one it means: ``DSV4LAB_TWIN_SMI_PORT`` (the twin's HTTP port) or ``DSV4LAB_TWIN_SMI_PID`` (its main PID)
+select it; without either, the most recently updated twin answers.
+
+A twin that exits keeps its memory for a short while, as a real GPU does while the driver tears a killed
+process's contexts down (:data:`RELEASE_S`, scaled like every twin duration); that is also what lets a
+sampler see the failing GPU's peak before the memory drops. :func:`write_smi_shim` puts an executable
+``nvidia-smi`` into a directory meant for a twin run's ``PATH`` — never anywhere global.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import json
 import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +33,28 @@ from dsv4lab.errors import ConfigError
 from dsv4lab.hardware import HardwareProfile, hardware_profile
 from dsv4lab.twin.settings import DEFAULT_HARDWARE, default_state_dir
 
-__all__ = ["GpuRow", "main", "read_gpus", "write_gpu_state", "write_main_state", "write_smi_shim"]
+__all__ = [
+    "RELEASE_S",
+    "SELECT_PID_ENV",
+    "SELECT_PORT_ENV",
+    "GpuRow",
+    "main",
+    "read_gpus",
+    "release_state",
+    "write_gpu_state",
+    "write_main_state",
+    "write_smi_shim",
+]
+
+#: Environment variables that pick one twin among several running on the machine.
+SELECT_PORT_ENV = "DSV4LAB_TWIN_SMI_PORT"
+SELECT_PID_ENV = "DSV4LAB_TWIN_SMI_PID"
+
+#: Seconds (at time scale 1) a dead twin's GPU memory stays in use while the driver releases it [E].
+RELEASE_S = 1.0
+
+#: Shortest loop interval the stand-in accepts (ms); nvidia-smi itself has no useful floor below this.
+MIN_LOOP_MS = 5
 
 
 def _atomic_write(path: Path, data: Mapping[str, object]) -> None:
@@ -38,18 +68,42 @@ def _atomic_write(path: Path, data: Mapping[str, object]) -> None:
 
 
 def write_main_state(
-    state_dir: Path, main_pid: int, hardware: str, utilization: Mapping[int, float], gpus: Sequence[int]
+    state_dir: Path,
+    main_pid: int,
+    hardware: str,
+    utilization: Mapping[int, float],
+    gpus: Sequence[int],
+    *,
+    port: int | None = None,
 ) -> None:
     _atomic_write(
         state_dir / f"twin-{main_pid}.json",
         {
             "pid": main_pid,
             "hardware": hardware,
+            "port": port,
             "updated": time.time(),
             "gpus": list(gpus),
             "utilization": {str(k): v for k, v in utilization.items()},
         },
     )
+
+
+def release_state(state_dir: Path, main_pid: int, after_s: float) -> None:
+    """The twin is exiting: its memory reads as in use for ``after_s`` more seconds, then as free.
+
+    Called instead of removing the state files, so that a sampler sees the memory drop the way it does
+    on a GPU — after the process is gone — and not before the crash it is trying to show.
+    """
+    path = state_dir / f"twin-{main_pid}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(data, dict):
+        return
+    data.update(released_at=time.time() + max(0.0, after_s), utilization={})
+    _atomic_write(path, data)
 
 
 def write_gpu_state(state_dir: Path, main_pid: int, gpu: int, used_mib: float) -> None:
@@ -85,24 +139,51 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _running_twin(state_dir: Path) -> dict[str, object] | None:
+def _selector(env: Mapping[str, str]) -> tuple[str, int] | None:
+    for key, name in ((SELECT_PID_ENV, "pid"), (SELECT_PORT_ENV, "port")):
+        raw = env.get(key, "").strip()
+        if raw:
+            try:
+                return name, int(raw)
+            except ValueError:
+                raise ConfigError(key, raw, "an integer (a twin's main PID or HTTP port)") from None
+    return None
+
+
+def _forget(state_dir: Path, p: Path, pid: int) -> None:
+    for stale in (p, *state_dir.glob(f"twin-{pid}.gpu*.json")):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+
+
+def _running_twin(state_dir: Path, select: tuple[str, int] | None = None) -> dict[str, object] | None:
+    """The twin to report: the selected one, else the most recently updated; alive, or still releasing."""
     best: tuple[float, dict[str, object]] | None = None
+    now = time.time()
     for p in state_dir.glob("twin-*.json"):
         if ".gpu" in p.name:
             continue
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
             pid = int(data["pid"])
+            released_at = data.get("released_at")
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not _alive(pid):
+        releasing = isinstance(released_at, (int, float)) and now < released_at
+        if released_at is not None and not releasing:
+            _forget(state_dir, p, pid)
+            continue
+        if not releasing and not _alive(pid):
             # A SIGKILLed twin cannot clean up after itself; its files would pile up and, once its PID
             # is reused, could pass for a live twin.
-            for stale in (p, *state_dir.glob(f"twin-{pid}.gpu*.json")):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
+            _forget(state_dir, p, pid)
             continue
-        mtime = p.stat().st_mtime
+        if select is not None and data.get(select[0]) != select[1]:
+            continue
+        try:
+            mtime = p.stat().st_mtime
+        except OSError:
+            continue
         if best is None or mtime > best[0]:
             best = (mtime, data)
     return best[1] if best else None
@@ -116,7 +197,7 @@ def read_gpus(env: Mapping[str, str] | None = None) -> list[GpuRow]:
     """Every GPU of the host: from the running twin if there is one, else idle GPUs of the profile."""
     env = os.environ if env is None else env
     state_dir = default_state_dir(env)
-    twin = _running_twin(state_dir)
+    twin = _running_twin(state_dir, _selector(env))
     hw_name = str(twin["hardware"]) if twin else (env.get("DSV4LAB_TWIN_HARDWARE", "").strip() or DEFAULT_HARDWARE)
     hw = hardware_profile(hw_name)
     util: Mapping[str, float] = {}
@@ -135,6 +216,7 @@ def read_gpus(env: Mapping[str, str] | None = None) -> list[GpuRow]:
 
 
 _FIELDS = {
+    "timestamp": ("timestamp", ""),
     "index": ("index", ""),
     "name": ("name", ""),
     "gpu_name": ("name", ""),
@@ -145,7 +227,15 @@ _FIELDS = {
 }
 
 
-def _value(row: GpuRow, name: str) -> str:
+def _timestamp(now: float | None = None) -> str:
+    """nvidia-smi's ``timestamp``: host local time, ``YYYY/MM/DD HH:MM:SS.mmm``."""
+    t = _dt.datetime.fromtimestamp(time.time() if now is None else now)
+    return t.strftime("%Y/%m/%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+
+
+def _value(row: GpuRow, name: str, stamp: str = "") -> str:
+    if name == "timestamp":
+        return stamp or _timestamp()
     if name == "index":
         return str(row.index)
     if name in ("name", "gpu_name"):
@@ -159,8 +249,9 @@ def _value(row: GpuRow, name: str) -> str:
     return str(row.utilization_pct)
 
 
-def query(rows: Sequence[GpuRow], fields: Sequence[str], fmt: Sequence[str]) -> str:
+def query(rows: Sequence[GpuRow], fields: Sequence[str], fmt: Sequence[str], *, now: float | None = None) -> str:
     """The CSV nvidia-smi prints for ``--query-gpu`` with ``--format=csv[,noheader][,nounits]``."""
+    stamp = _timestamp(now) if "timestamp" in fields else ""
     lines = []
     units = "nounits" not in fmt
     if "noheader" not in fmt:
@@ -168,7 +259,7 @@ def query(rows: Sequence[GpuRow], fields: Sequence[str], fmt: Sequence[str]) -> 
     for row in rows:
         cells = []
         for f in fields:
-            v = _value(row, f)
+            v = _value(row, f, stamp)
             unit = _FIELDS[f][1]
             cells.append(f"{v} {unit}" if units and unit else v)
         lines.append(", ".join(cells))
@@ -185,28 +276,55 @@ def _table(rows: Sequence[GpuRow]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _loop_ms(flag: str, value: str | None) -> int | None:
+    """``-l``/``--loop`` take seconds, ``-lms``/``--loop-ms`` milliseconds (nvidia-smi's defaults: 5 s, 100 ms)."""
+    ms_flag = flag in ("-lms", "--loop-ms")
+    default = 100 if ms_flag else 5
+    try:
+        n = float(value) if value not in (None, "") else default
+    except ValueError:
+        raise ConfigError(flag, value, "a positive number") from None
+    if not n > 0:
+        raise ConfigError(flag, value, "a positive number")
+    return max(MIN_LOOP_MS, round(n if ms_flag else n * 1000))
+
+
+def _ids(value: str | None) -> set[int]:
+    try:
+        return {int(x) for x in (value or "").split(",") if x.strip()}
+    except ValueError:
+        raise ConfigError("--id", value, "comma-separated GPU indices") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     fields: list[str] | None = None
     fmt: list[str] = ["csv"]
     listing = False
-    i = 0
-    while i < len(args):
-        a = args[i]
-        value: str | None = None
-        if "=" in a:
-            a, value = a.split("=", 1)
-        elif a in ("--query-gpu", "--format", "-q", "--id", "-i") and i + 1 < len(args):
-            value = args[i + 1]
-            i += 1
-        if a == "--query-gpu":
-            fields = [f.strip() for f in (value or "").split(",") if f.strip()]
-        elif a == "--format":
-            fmt = [f.strip() for f in (value or "").split(",") if f.strip()]
-        elif a in ("-L", "--list-gpus"):
-            listing = True
-        i += 1
+    loop_ms: int | None = None
+    ids: set[int] | None = None
+    takes_value = ("--query-gpu", "--format", "-q", "--id", "-i", "-l", "--loop", "-lms", "--loop-ms")
     try:
+        i = 0
+        while i < len(args):
+            a = args[i]
+            value: str | None = None
+            if "=" in a:
+                a, value = a.split("=", 1)
+            elif a in takes_value and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                value = args[i + 1]
+                i += 1
+            if a == "--query-gpu":
+                fields = [f.strip() for f in (value or "").split(",") if f.strip()]
+            elif a == "--format":
+                fmt = [f.strip() for f in (value or "").split(",") if f.strip()]
+            elif a in ("-L", "--list-gpus"):
+                listing = True
+            elif a in ("-l", "--loop", "-lms", "--loop-ms"):
+                loop_ms = _loop_ms(a, value)
+            elif a in ("-i", "--id"):
+                ids = _ids(value)
+            i += 1
         rows = read_gpus()
     except ConfigError as exc:
         sys.stderr.write(f"{exc}\n")
@@ -214,15 +332,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     if listing:
         sys.stdout.write("".join(f"GPU {r.index}: {r.name} (UUID: GPU-dsv4lab-twin-{r.index:04d})\n" for r in rows))
         return 0
-    if fields is None:
-        sys.stdout.write(_table(rows))
-        return 0
-    for f in fields:
+    for f in fields or ():
         if f not in _FIELDS:
             sys.stdout.write(f'Field "{f}" is not a valid field to query.\n\n')
             return 2
-    sys.stdout.write(query(rows, fields, fmt))
-    return 0
+    if ids is not None:
+        missing = sorted(ids - {r.index for r in rows})
+        if missing:
+            sys.stdout.write(f"No devices were found with index {missing[0]}\n")
+            return 6
+
+    def render() -> str:
+        chosen = [r for r in read_gpus() if ids is None or r.index in ids]
+        return _table(chosen) if fields is None else query(chosen, fields, fmt)
+
+    if loop_ms is None:
+        sys.stdout.write(render())
+        return 0
+    return _loop(render, loop_ms / 1000)
+
+
+def _loop(render: Callable[[], str], interval_s: float) -> int:
+    """Print a sample every ``interval_s`` on a fixed schedule (no drift), flushing each one, until killed."""
+    next_at = time.monotonic()
+    try:
+        while True:
+            try:
+                text = render()
+            except ConfigError as exc:
+                sys.stderr.write(f"{exc}\n")
+                return 2
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            next_at += interval_s
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (a busy machine): skip the missed ticks rather than burst
+                next_at = time.monotonic()
+                delay = 0.0
+            time.sleep(delay)
+    except (BrokenPipeError, KeyboardInterrupt):
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at interpreter exit
+        return 0
 
 
 def write_smi_shim(directory: str | Path, python: str | None = None) -> Path:

@@ -353,6 +353,8 @@ def run_rank(ctx: RankContext, on_ready: Callable[[], None]) -> None:
                     # Ranks are lock-stepped by the collectives inside capture; the tightest GPU reports first.
                     time.sleep(TIE_BREAK_DELAY_S * plan.tightness * min(1.0, max(t_scale, 0.25)))
                     raise SchedulerFailure(_capture_oom_traceback(release, oom, draft)) from None
+                if len(tensors) > 1:
+                    publish()  # the largest graph's buffers one by one: memory climbs to the peak (or the OOM)
             publish()
             if bar:
                 bar.update()

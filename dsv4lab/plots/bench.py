@@ -1,0 +1,387 @@
+"""Benchmark charts: A vs B throughput with confidence intervals, latency distributions, one run's requests,
+and the gap between measured throughput, the bandwidth roofline and the goal.
+
+Throughputs measured on the twin are the twin's (it runs ``DSV4LAB_TWIN_TIME_SCALE`` times faster or slower
+than the hardware it models); pass ``scale`` (measured x scale = modelled hardware) and a ``units`` label
+that says which one a chart shows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from dsv4lab.bench import ABComparison, BenchResult, t_quantile
+from dsv4lab.errors import PlotError
+from dsv4lab.plots.theme import CONFIG_COLORS, OKABE_ITO, WIDTH
+from dsv4lab.roofline import Roofline
+
+__all__ = ["latency_distributions", "request_timeline", "roofline_gap", "throughput_vs_concurrency"]
+
+MEASURED = "output tok/s"
+MODELLED = "output tok/s, modelled hardware"
+
+_VERDICT_WORDS = {"better": "better", "worse": "worse", "no detectable difference": "no detectable difference"}
+
+
+def _ci_half(sd: float, n: int, confidence: float = 0.95) -> float:
+    if n < 2 or not math.isfinite(sd):
+        return 0.0
+    return t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+
+
+def throughput_vs_concurrency(
+    comparison: ABComparison,
+    *,
+    labels: tuple[str, str] = ("A", "B"),
+    scale: float = 1.0,
+    units: str = MEASURED,
+    title: str | Sequence[str] | None = None,
+) -> alt.LayerChart:
+    """Mean throughput of each config per concurrency level with its 95 % CI, and B − A's verdict.
+
+    The bars are each arm's own interval (Student t over its repeats); the verdict above each level is the
+    Welch interval of the difference from :func:`dsv4lab.bench.compare`, which is what decides.
+    """
+    if not comparison.levels:
+        raise PlotError("the comparison has no concurrency levels")
+    rows = []
+    notes = []
+    for lv in comparison.levels:
+        c = "all" if lv.concurrency is None else str(lv.concurrency)
+        for arm, mean, sd, n in ((labels[0], lv.mean_a, lv.sd_a, lv.n_a), (labels[1], lv.mean_b, lv.sd_b, lv.n_b)):
+            half = _ci_half(sd, n)
+            rows.append(
+                {
+                    "concurrency": c,
+                    "config": arm,
+                    "mean": mean * scale,
+                    "low": (mean - half) * scale,
+                    "high": (mean + half) * scale,
+                    "n": n,
+                }
+            )
+        lo, hi = lv.rel_ci
+        notes.append(
+            {
+                "concurrency": c,
+                "top": max(lv.mean_a, lv.mean_b) * scale
+                + max(_ci_half(lv.sd_a, lv.n_a), _ci_half(lv.sd_b, lv.n_b)) * scale,
+                "line1": f"{lv.rel_diff:+.0%} (95% CI {lo:+.0%} to {hi:+.0%})",
+                "line2": _VERDICT_WORDS[lv.verdict],
+            }
+        )
+    data = pd.DataFrame(rows)
+    note = pd.DataFrame(notes)
+    levels = list(dict.fromkeys(data["concurrency"]))
+    colors = list(CONFIG_COLORS[:2])
+    y_top = float(max(data["high"].max(), note["top"].max())) * 1.28
+    x = alt.X("concurrency:N", title="concurrency (requests in flight)", sort=levels, axis=alt.Axis(labelAngle=0))
+    y = alt.Y("mean:Q", title=units, scale=alt.Scale(domain=[0, y_top], nice=False))
+    color = alt.Color("config:N", title="config", scale=alt.Scale(domain=list(labels), range=colors))
+    offset = alt.XOffset("config:N", sort=list(labels), scale=alt.Scale(paddingOuter=0.6))
+    base = alt.Chart(data)
+    bars = base.mark_bar(opacity=0.85, width=alt.RelativeBandSize(0.8)).encode(
+        x=x,
+        xOffset=offset,
+        y=y,
+        color=color,
+        tooltip=[
+            alt.Tooltip("config:N"),
+            alt.Tooltip("concurrency:N"),
+            alt.Tooltip("mean:Q", format=",.1f"),
+            alt.Tooltip("low:Q", format=",.1f", title="95% CI low"),
+            alt.Tooltip("high:Q", format=",.1f", title="95% CI high"),
+            alt.Tooltip("n:Q", title="repeats"),
+        ],
+    )
+    errors = base.mark_rule(color="#222222", strokeWidth=1.5).encode(x=x, xOffset=offset, y="low:Q", y2="high:Q")
+    values = base.mark_text(dy=-8, baseline="bottom", fontSize=11, color="#222222").encode(
+        x=x, xOffset=offset, y=alt.Y("high:Q"), text=alt.Text("mean:Q", format=",.1f")
+    )
+    text1 = (
+        alt.Chart(note)
+        .mark_text(dy=-40, baseline="bottom", fontSize=12, fontWeight="bold", color="#222222")
+        .encode(x=x, y=alt.Y("top:Q"), text="line1:N")
+    )
+    text2 = (
+        alt.Chart(note)
+        .mark_text(dy=-24, baseline="bottom", fontSize=11, color="#444444")
+        .encode(x=x, y=alt.Y("top:Q"), text="line2:N")
+    )
+    if title is None:
+        parts = [
+            f"{lv.rel_diff:+.0%} at concurrency {lv.concurrency}"
+            if lv.verdict != "no detectable difference"
+            else f"no detectable difference at {lv.concurrency}"
+            for lv in comparison.levels
+        ]
+        title = f"{labels[1]} vs {labels[0]}: " + ", ".join(parts)
+    n = min(min(lv.n_a, lv.n_b) for lv in comparison.levels)
+    subtitle = (
+        f"bars: mean of {n}+ repeats, error bars: 95% CI of each mean; "
+        f"text: {labels[1]} vs {labels[0]} (Welch 95% CI of the difference)"
+    )
+    if scale != 1.0:
+        subtitle += f"; twin measurements x {scale:g} = modelled hardware"
+    chart_out: alt.LayerChart = alt.layer(bars, errors, values, text1, text2).properties(
+        width=max(420, 230 * len(levels)),
+        height=320,
+        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle),
+    )
+    return chart_out
+
+
+# -- latency -------------------------------------------------------------------------------------------------------
+
+
+def _label(r: BenchResult, i: int) -> str:
+    base = r.label or f"run {i + 1}"
+    c = "∞" if r.concurrency is None else str(r.concurrency)
+    return f"{base} · C={c}" + (f" · #{r.repeat + 1}" if r.repeat else "")
+
+
+def _quantiles(values: np.ndarray) -> dict[str, float]:
+    q = np.percentile(values, [5, 25, 50, 75, 95])
+    return {"p5": q[0], "p25": q[1], "p50": q[2], "p75": q[3], "p95": q[4], "n": float(values.size)}
+
+
+def latency_distributions(
+    results: BenchResult | Sequence[BenchResult],
+    *,
+    scale: float = 1.0,
+    title: str | Sequence[str] | None = None,
+) -> alt.HConcatChart:
+    """Time to first token and inter-token latency per run: box from p25 to p75, median tick, whiskers
+    p5-p95. ``scale`` is a twin's time scale: modelled-hardware times are measured times / scale."""
+    runs = [results] if isinstance(results, BenchResult) else list(results)
+    if not runs:
+        raise PlotError("no benchmark results to draw")
+    rows = []
+    for i, r in enumerate(runs):
+        ok = r.requests[r.requests["status"] == "ok"] if "status" in r.requests else r.requests
+        ttft: np.ndarray[Any, Any] = ok["ttft_ms"].dropna().to_numpy(dtype=float) / scale
+        itl_lists = [v for v in ok["itl_ms"] if isinstance(v, (list, tuple)) and v]
+        itl: np.ndarray[Any, Any] = np.asarray([g for lst in itl_lists for g in lst], dtype=float) / scale
+        for metric, values in (("time to first token (ms)", ttft), ("inter-token latency (ms)", itl)):
+            if values.size:
+                rows.append({"run": _label(r, i), "metric": metric, **_quantiles(values)})
+    if not rows:
+        raise PlotError("the results hold no completed requests")
+    data = pd.DataFrame(rows)
+    order = list(dict.fromkeys(data["run"]))
+    panels = []
+    for metric in ("time to first token (ms)", "inter-token latency (ms)"):
+        d = data[data["metric"] == metric]
+        if d.empty:
+            continue
+        top = float(d["p95"].max()) * 1.08
+        x_scale = alt.Scale(domain=[0, top], nice=True)
+        y = alt.Y("run:N", title=None, sort=order, axis=alt.Axis(labelLimit=240))
+        base = alt.Chart(d)
+        whisker = base.mark_rule(color="#555555").encode(x=alt.X("p5:Q", title=metric, scale=x_scale), x2="p95:Q", y=y)
+        box = base.mark_bar(height=16, color=OKABE_ITO["sky"], stroke="#333333", strokeWidth=0.6).encode(
+            x=alt.X("p25:Q", scale=x_scale), x2="p75:Q", y=y
+        )
+        median = base.mark_tick(color="#000000", thickness=2.5, size=22).encode(
+            x=alt.X("p50:Q", scale=x_scale),
+            y=y,
+            tooltip=[
+                alt.Tooltip("run:N"),
+                alt.Tooltip("p5:Q", format=",.1f"),
+                alt.Tooltip("p25:Q", format=",.1f"),
+                alt.Tooltip("p50:Q", format=",.1f", title="median"),
+                alt.Tooltip("p75:Q", format=",.1f"),
+                alt.Tooltip("p95:Q", format=",.1f"),
+                alt.Tooltip("n:Q", title="values"),
+            ],
+        )
+        label = base.mark_text(align="left", dx=6, fontSize=11, color="#222222").encode(
+            x=alt.X("p95:Q", scale=x_scale), y=y, text=alt.Text("p50:Q", format=",.0f")
+        )
+        panels.append(alt.layer(whisker, box, median, label).properties(width=300, height=max(60, 34 * len(order))))
+    if title is None:
+        first = data[data["run"] == order[0]].set_index("metric")
+        ttft_med = (
+            first.loc["time to first token (ms)", "p50"] if "time to first token (ms)" in first.index else math.nan
+        )
+        itl_med = (
+            first.loc["inter-token latency (ms)", "p50"] if "inter-token latency (ms)" in first.index else math.nan
+        )
+        title = (
+            f"{order[0]}: median time to first token {ttft_med:,.0f} ms, inter-token {itl_med:,.0f} ms"
+            if len(order) == 1
+            else "Time to first token and inter-token latency per run"
+        )
+    subtitle = "box: 25th-75th percentile, black tick and number: median, whiskers: 5th-95th percentile"
+    if scale != 1.0:
+        subtitle += f"; twin times / {scale:g} = modelled hardware"
+    chart_out: alt.HConcatChart = alt.hconcat(*panels, spacing=30).properties(
+        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
+    )
+    return chart_out
+
+
+def request_timeline(
+    result: BenchResult,
+    *,
+    max_requests: int = 1200,
+    scale: float = 1.0,
+    title: str | Sequence[str] | None = None,
+) -> alt.LayerChart:
+    """Every request of one run as a bar: queued for a slot, waiting for its first token, decoding.
+
+    Shows at a glance whether requests overlapped as intended, where prefill (the wait for the first
+    token) dominates, and stragglers. Runs with more than ``max_requests`` are thinned evenly.
+    """
+    df = result.requests
+    if df.empty:
+        raise PlotError("the result has no requests")
+    d = df[df["start_s"].notna()].sort_values("start_s").reset_index(drop=True)
+    if d.empty:
+        raise PlotError("no request of this run was sent")
+    shown = d
+    if len(d) > max_requests:
+        shown = d.iloc[np.linspace(0, len(d) - 1, max_requests).round().astype(int)].reset_index(drop=True)
+    rows = []
+    for order, r in enumerate(shown.itertuples()):
+        start = float(r.start_s)
+        sched = float(r.scheduled_s)
+        ttft = None if pd.isna(r.ttft_ms) else float(r.ttft_ms) / 1000
+        e2e = None if pd.isna(r.e2e_ms) else float(r.e2e_ms) / 1000
+        idx = int(r.index)
+        if start - sched > 1e-3:
+            rows.append({"request": order, "id": idx, "part": "queued for a slot", "from": sched, "to": start})
+        if ttft is not None:
+            rows.append(
+                {"request": order, "id": idx, "part": "waiting for first token", "from": start, "to": start + ttft}
+            )
+            if e2e is not None:
+                rows.append({"request": order, "id": idx, "part": "decoding", "from": start + ttft, "to": start + e2e})
+        elif r.status != "ok":
+            rows.append(
+                {"request": order, "id": idx, "part": f"{r.status}", "from": start, "to": start + (e2e or 0.01)}
+            )
+    data = pd.DataFrame(rows)
+    data["from"] = data["from"] / scale
+    data["to"] = data["to"] / scale
+    parts = ["queued for a slot", "waiting for first token", "decoding", "failed", "incomplete"]
+    colors = ["#BBBBBB", OKABE_ITO["orange"], OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["purple"]]
+    present = [p for p in parts if p in set(data["part"])]
+    n = len(shown)
+    bar_px = max(1.0, min(10.0, 360 / max(n, 1)))
+    chart = (
+        alt.Chart(data)
+        .mark_bar(height=bar_px)
+        .encode(
+            x=alt.X("from:Q", title="time since the run started (s)"),
+            x2="to:Q",
+            y=alt.Y(
+                "request:O", title=f"request (by send time), {n} shown", axis=alt.Axis(labels=n <= 40, ticks=n <= 40)
+            ),
+            color=alt.Color(
+                "part:N", title=None, scale=alt.Scale(domain=present, range=[colors[parts.index(p)] for p in present])
+            ),
+            tooltip=[
+                alt.Tooltip("id:Q", title="request"),
+                alt.Tooltip("part:N"),
+                alt.Tooltip("from:Q", format=".2f"),
+                alt.Tooltip("to:Q", format=".2f"),
+            ],
+        )
+    )
+    s = result.summary
+    c = "unlimited" if result.concurrency is None else str(result.concurrency)
+    if title is None:
+        title = f"{result.label or 'Run'}: {s.completed} of {s.total} requests at concurrency {c}"
+    subtitle = (
+        f"median time to first token {s.ttft_ms.median / scale:,.0f} ms, end to end {s.e2e_ms.median / scale:,.0f} ms"
+    )
+    if len(d) > n:
+        subtitle += f"; every {len(d) / n:.1f}th of {len(d)} requests shown"
+    if scale != 1.0:
+        subtitle += f"; twin times / {scale:g} = modelled hardware"
+    chart_out: alt.LayerChart = alt.layer(chart).properties(
+        width=WIDTH,
+        height=max(120, min(420, n * (bar_px + 1))),
+        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle),
+    )
+    return chart_out
+
+
+# -- the gap ------------------------------------------------------------------------------------------------------
+
+
+def roofline_gap(
+    measured: Mapping[str, float] | Sequence[tuple[str, float]],
+    roofline: Roofline | Sequence[Roofline] | None = None,
+    *,
+    target_tok_s: float = 1000.0,
+    units: str = MEASURED,
+    title: str | Sequence[str] | None = None,
+) -> alt.LayerChart:
+    """Measured throughput per config against the hardware's bandwidth roofline and the goal, on a log axis
+    (the distances are ratios: 23 vs 1,000 is 43x)."""
+    items = list(measured.items()) if isinstance(measured, Mapping) else list(measured)
+    if not items:
+        raise PlotError("no measured throughput to compare")
+    bounds = [] if roofline is None else ([roofline] if isinstance(roofline, Roofline) else list(roofline))
+    rows: list[dict[str, Any]] = [{"what": k, "tok_s": float(v), "kind": "measured"} for k, v in items]
+    for b in bounds:
+        rows.append({"what": f"roofline, C={b.concurrency}", "tok_s": b.tok_s, "kind": "roofline (memory bandwidth)"})
+    data = pd.DataFrame(rows)
+    data["text"] = [f"{v:,.0f}" if v >= 100 else f"{v:,.1f}" for v in data["tok_s"]]
+    order = list(data["what"])
+    lo = float(min(data["tok_s"].min(), target_tok_s)) / 3
+    hi = float(max(data["tok_s"].max(), target_tok_s)) * 4
+    x_scale = alt.Scale(type="log", domain=[lo, hi], nice=False)
+    kinds = ["measured", "roofline (memory bandwidth)"]
+    bars = (
+        alt.Chart(data)
+        .mark_bar(height=22)
+        .encode(
+            x=alt.X("tok_s:Q", title=f"{units} (log scale)", scale=x_scale),
+            x2=alt.datum(lo),
+            y=alt.Y("what:N", title=None, sort=order, axis=alt.Axis(labelLimit=320)),
+            color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=kinds, range=[OKABE_ITO["blue"], "#999999"])),
+            tooltip=[alt.Tooltip("what:N"), alt.Tooltip("tok_s:Q", format=",.1f")],
+        )
+    )
+    values = (  # inside the bar's end: a label beside it could sit under the goal line
+        alt.Chart(data)
+        .mark_text(align="right", dx=-6, fontSize=12, fontWeight="bold", color="white")
+        .encode(x=alt.X("tok_s:Q", scale=x_scale), y=alt.Y("what:N", sort=order), text="text:N")
+    )
+    goal = pd.DataFrame([{"x": target_tok_s, "label": f"goal {target_tok_s:,.0f} tok/s"}])
+    rule = (
+        alt.Chart(goal)
+        .mark_rule(color=OKABE_ITO["vermillion"], strokeWidth=2, strokeDash=[6, 3])
+        .encode(x=alt.X("x:Q", scale=x_scale))
+    )
+    rule_text = (
+        alt.Chart(goal)
+        .mark_text(
+            align="left", baseline="top", dx=4, dy=-18, fontSize=12, fontWeight="bold", color=OKABE_ITO["vermillion"]
+        )
+        .encode(x=alt.X("x:Q", scale=x_scale), y=alt.value(0), text="label:N")
+    )
+    best = max(v for _, v in items)
+    if title is None:
+        gap = target_tok_s / best
+        title = f"Best measured throughput, {best:,.1f} tok/s, is {gap:,.0f}x below the {target_tok_s:,.0f} tok/s goal"
+    subtitle = ["roofline: weights, touched experts and KV cache read once per decode step at full memory bandwidth"]
+    if bounds:
+        b = max(bounds, key=lambda r: r.tok_s)
+        subtitle[0] += f" ({b.hardware}, {b.model}, TP{b.tp}, {b.context_tokens:,}-token context)"
+        subtitle.append(f"the best measured throughput is {best / b.tok_s:.1%} of the highest bound")
+    chart_out: alt.LayerChart = alt.layer(bars, values, rule, rule_text).properties(
+        width=WIDTH,
+        height=max(120, 44 * len(order)),
+        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle),
+    )
+    return chart_out

@@ -1,0 +1,102 @@
+"""Charts out of the notebook with no network: validated specs, inline SVG for reports, PNG for slides.
+
+Nothing here may reach the network: vl-convert renders with ``allowed_base_urls=[]`` (so a chart that
+referenced a URL would fail instead of fetching it) and every chart embeds its data. In JupyterLab,
+:func:`enable_offline_renderer` emits the Vega-Lite mimetype (Lab draws it natively, interactive) *and*
+an SVG, so that an HTML export of the same notebook shows the chart without any CDN script.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import vl_convert as vlc
+
+from dsv4lab.errors import PlotError
+from dsv4lab.plots.theme import THEME, register_theme, theme_enabled
+
+__all__ = ["enable_offline_renderer", "save_png", "svg_figure", "to_spec", "to_svg"]
+
+RENDERER = "dsv4lab"
+
+
+def _vl_version() -> str | None:
+    """The Vega-Lite version Altair writes, in vl-convert's spelling, when vl-convert knows it."""
+    major_minor = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    try:
+        known = vlc.get_vegalite_versions()
+    except AttributeError:
+        return None
+    return major_minor if major_minor in known else None
+
+
+def to_spec(chart: alt.TopLevelMixin, *, validate: bool = True) -> dict[str, Any]:
+    """The Vega-Lite spec with the dsv4lab theme, checked against the schema when ``validate``."""
+    with theme_enabled():
+        spec: dict[str, Any] = chart.to_dict(validate=validate)
+    return spec
+
+
+def _spec(chart: alt.TopLevelMixin | dict[str, Any]) -> dict[str, Any]:
+    return chart if isinstance(chart, dict) else to_spec(chart)
+
+
+def to_svg(chart: alt.TopLevelMixin | dict[str, Any]) -> str:
+    """The chart as an SVG document, rendered locally (no network)."""
+    try:
+        svg: str = vlc.vegalite_to_svg(_spec(chart), vl_version=_vl_version(), allowed_base_urls=[])
+    except Exception as exc:  # vl-convert raises ValueError/RuntimeError with the Vega error text
+        raise PlotError(f"the chart could not be rendered: {exc}") from exc
+    return svg
+
+
+def save_png(chart: alt.TopLevelMixin | dict[str, Any], path: str | Path, *, scale: float = 2.0) -> Path:
+    """Write a PNG (``scale`` x the chart's pixel size, 2 for slides) and return its path."""
+    try:
+        png: bytes = vlc.vegalite_to_png(_spec(chart), vl_version=_vl_version(), scale=scale, allowed_base_urls=[])
+    except Exception as exc:
+        raise PlotError(f"the chart could not be rendered: {exc}") from exc
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(png)
+    return out
+
+
+def svg_figure(chart: alt.TopLevelMixin | dict[str, Any], *, caption: str | None = None) -> str:
+    """An inline ``<figure>`` for an HTML report: the SVG itself, no script, no external reference."""
+    svg = to_svg(chart)
+    start = svg.find("<svg")
+    body = svg[start:] if start >= 0 else svg
+    cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+    return f'<figure class="dsv4lab-chart">{body}{cap}</figure>'
+
+
+def _bundle(spec: dict[str, Any], **_: Any) -> dict[str, Any]:
+    mime = f"application/vnd.vegalite.v{alt.SCHEMA_VERSION.lstrip('v').split('.')[0]}+json"
+    title = spec.get("title")
+    text = title.get("text") if isinstance(title, dict) else title
+    return {
+        mime: spec,
+        "image/svg+xml": to_svg(spec),
+        "text/plain": f"<dsv4lab chart: {text or 'untitled'}>",
+    }
+
+
+def enable_offline_renderer() -> None:
+    """Make Altair display every chart as Vega-Lite JSON + SVG + text (and use the dsv4lab theme).
+
+    JupyterLab renders the Vega-Lite (interactive, no CDN); nbconvert drops that mimetype and keeps the
+    SVG, so the exported HTML is complete offline.
+    """
+    register_theme()
+    if RENDERER not in alt.renderers.names():
+        alt.renderers.register(RENDERER, _bundle)
+    alt.renderers.enable(RENDERER)
+    theme_api = getattr(alt, "theme", None)
+    if theme_api is not None and hasattr(theme_api, "enable"):
+        theme_api.enable(THEME)
+    else:
+        alt.themes.enable(THEME)
