@@ -10,7 +10,7 @@ Scoring, per case, only for what the label states (``null`` = the thread does no
 
 - outcome: right when it equals the label. On an excerpt cut before its decisive line, a low-confidence
   answer (< 0.5) also counts as acceptable: a file that stops early cannot say more.
-- phase, GPU: right when equal to the label.
+- phase: right when equal to the label. GPU: the same, where the excerpt holds the line that names it.
 - confident-wrong: confidence >= 0.5 and the outcome or the phase is wrong. The target is zero.
 - calibration: per confidence bin, how many answers were fully right (outcome and phase where labelled).
 
@@ -159,7 +159,7 @@ def score(case: Case, answer: Answer) -> Score:
     if outcome_right is False and case.decisive is False and answer.confidence < CONFIDENT:
         outcome_ok = True
     phase_right = None if case.phase is None else answer.phase == case.phase
-    gpu_right = None if case.gpu is None else answer.gpu == case.gpu
+    gpu_right = None if case.gpu is None or case.decisive is False else answer.gpu == case.gpu
     return Score(case, answer, outcome_right, outcome_ok, phase_right, gpu_right)
 
 

@@ -10,7 +10,7 @@ failed" wrapper prints memory hints after any error, so the hints never count, o
 
 from __future__ import annotations
 
-from dsv4lab.logs.events import ErrorKind, OomFigures, Phase
+from dsv4lab.logs.events import ErrorKind, OomFigures
 from dsv4lab.logs.patterns import (
     OOM,
     OOM_ALLOCATED,
@@ -18,11 +18,20 @@ from dsv4lab.logs.patterns import (
     OOM_RESERVED,
     to_gib,
 )
+from dsv4lab.logs.steps import frame_phase
 
-__all__ = ["MEMORY_KINDS", "classify_error_text", "frame_phase", "is_fatal_text", "oom_figures", "tier"]
+__all__ = [
+    "MEMORY_KINDS",
+    "MODEL_INIT_FRAMES",
+    "classify_error_text",
+    "frame_phase",
+    "is_fatal_text",
+    "oom_figures",
+    "tier",
+]
 
 #: Kinds that mean "memory was the cause" (outcome ``oom``).
-MEMORY_KINDS = frozenset({ErrorKind.OOM, ErrorKind.KV_BUDGET, ErrorKind.KV_EXHAUSTED})
+MEMORY_KINDS = frozenset({ErrorKind.OOM, ErrorKind.KV_BUDGET, ErrorKind.KV_EXHAUSTED, ErrorKind.FREE_MEMORY})
 
 # (kind, substrings) in priority order; the first kind with any substring in the text wins.
 _RULES: tuple[tuple[ErrorKind, tuple[str, ...]], ...] = (
@@ -33,11 +42,12 @@ _RULES: tuple[tuple[ErrorKind, tuple[str, ...]], ...] = (
             "Loaded weights leave no GPU memory for the KV cache",
             "No available memory for the cache blocks",
             "larger than the maximum number of tokens that can be stored in KV cache",
-            "less than desired GPU memory utilization",
+            "To serve at least one request with the model",
             "max_running_request is zero",
         ),
     ),
-    (ErrorKind.KV_EXHAUSTED, ("Prefill out of memory", "Decode out of memory")),
+    (ErrorKind.FREE_MEMORY, ("less than desired GPU memory utilization",)),
+    (ErrorKind.KV_EXHAUSTED, ("Prefill out of memory", "Decode out of memory", "alloc_req_slots runs out of memory")),
     (
         ErrorKind.ARCH,
         (
@@ -60,12 +70,39 @@ _RULES: tuple[tuple[ErrorKind, tuple[str, ...]], ...] = (
         (
             "out of memory",
             "OutOfMemoryError",
+            "not enough GPU memory",
             "CUBLAS_STATUS_ALLOC_FAILED",
             "cudaErrorMemoryAllocation",
             "CUDA_ERROR_OUT_OF_MEMORY",
         ),
     ),
-    (ErrorKind.IMPORT, ("ImportError", "ModuleNotFoundError", "undefined symbol", "cannot import name")),
+    (
+        ErrorKind.GRAPH_CAPTURE,
+        (
+            "operation not permitted when stream is capturing",
+            "StreamCaptureUnsupported",
+            "StreamCaptureInvalidated",
+            "capturing stream has unjoined work",
+            "operation failed due to a previous error during capture",
+        ),
+    ),
+    (
+        ErrorKind.IMPORT,
+        (
+            "ImportError",
+            "ModuleNotFoundError",
+            "undefined symbol",
+            "cannot import name",
+            "No module named",
+            "Error while finding module specification",
+            "Could not load any common_ops",
+            "cannot open shared object file",
+        ),
+    ),
+    (
+        ErrorKind.PORT,
+        ("Address already in use", "address already in use", "EADDRINUSE", "error while attempting to bind"),
+    ),
     (
         ErrorKind.COMPILE,
         (
@@ -106,12 +143,11 @@ _RULES: tuple[tuple[ErrorKind, tuple[str, ...]], ...] = (
             "DistNetworkError",
             "TCPStore",
             "Broken pipe",
-            "Address already in use",
             "Socket Timeout",
             "Name or service not known",
         ),
     ),
-    (ErrorKind.HOST_KILL, ("exit code: -9", "exit code -9", "exitcode: -9", "OOM killer", "SIGKILL")),
+    (ErrorKind.HOST_KILL, ("exit code: -9", "exit code -9", "exitcode: -9", "OOM killer", "SIGKILL", "': -9}")),
     (
         ErrorKind.ARGS,
         ("ambiguous option", "unrecognized arguments", "error: argument", "invalid choice", "the following arguments"),
@@ -159,6 +195,16 @@ _RULES: tuple[tuple[ErrorKind, tuple[str, ...]], ...] = (
             "crashed with exit code",
             "Exit code:",
             "Engine process failed to start",
+            "output_handler failed",
+            "EngineDeadError",
+            "encountered a fatal error",
+            "died unexpectedly",
+            "RayTaskError",
+            "See root cause above",
+            "Dumping input data",
+            "please check the stack trace above",
+            "while processing method",
+            "This might cause deadlock",
         ),
     ),
 )
@@ -171,6 +217,9 @@ _TIER: dict[ErrorKind, int] = {
     ErrorKind.IMPORT: 0,
     ErrorKind.COMPILE: 0,
     ErrorKind.IMBALANCE: 0,
+    ErrorKind.FREE_MEMORY: 0,
+    ErrorKind.PORT: 0,
+    ErrorKind.GRAPH_CAPTURE: 0,
     ErrorKind.ARGS: 0,
     ErrorKind.FILE: 0,
     ErrorKind.CUDA: 1,
@@ -202,11 +251,12 @@ def classify_error_text(text: str) -> ErrorKind:
 
 def _real_oom(text: str) -> bool:
     # "out of memory" also occurs in advice ("If out of memory occurs, ...") and in the OS OOM-killer hint.
+    # Advice ("If you are running out of memory, consider ...") names memory without reporting a failure.
     low = text.lower()
     return any(
         p in low
         for p in ("cuda out of memory", "hip out of memory", "error: out of memory", "cuda error: out of memory")
-    ) or ("out of memory" in low and ("tried to allocate" in low or "runtimeerror" in low or "gpu" in low))
+    ) or ("out of memory" in low and ("tried to allocate" in low or "runtimeerror" in low or "exception" in low))
 
 
 def is_fatal_text(text: str) -> bool:
@@ -244,104 +294,5 @@ def oom_figures(text: str) -> OomFigures | None:
     )
 
 
-# (phase, substrings of "file:function") — checked innermost frame first.
-_FRAME_RULES: tuple[tuple[Phase, tuple[str, ...]], ...] = (
-    (
-        Phase.DRAFT_CUDA_GRAPH_CAPTURE,
-        ("eagle_draft_cuda_graph", "eagle_draft_extend_cuda_graph", "draft_cuda_graph", "DraftCudaGraph"),
-    ),
-    (
-        Phase.CUDA_GRAPH_CAPTURE,
-        (
-            "cuda_graph_runner",
-            ":init_cuda_graphs",
-            ":init_device_graphs",
-            "cuda_graph_setup",
-            ":capture_model",
-            ":capture_one_batch_size",
-            "cudagraph",
-            "piecewise_cuda_graph",
-            ":_capture_cudagraphs",
-        ),
-    ),
-    (
-        Phase.KV_CACHE_ALLOC,
-        (
-            ":init_memory_pool",
-            ":profile_max_num_token",
-            "kv_cache_configurator",
-            "pool_configurator",
-            ":initialize_kv_cache",
-            ":_initialize_kv_caches",
-            ":determine_available_memory",
-            ":determine_num_available_blocks",
-            ":profile_run",
-            ":get_kv_cache_config",
-            ":check_enough_kv_cache_memory",
-            ":raise_if_cache_size_invalid",
-            ":initialize_cache",
-            ":init_cache_engine",
-        ),
-    ),
-    (
-        Phase.WEIGHT_LOADING,
-        (":load_model", ":load_weights", "weight_utils", "model_loader", "safetensors", ":download_weights"),
-    ),
-    (
-        Phase.STARTUP_OTHER,
-        (
-            ":init_torch_distributed",
-            ":initialize_model_parallel",
-            ":init_distributed_environment",
-            ":init_process_group",
-            "parallel_state",
-            "pynccl",
-            ":init_parallel",
-            ":init_worker_distributed_environment",
-        ),
-    ),
-    (
-        Phase.WARMUP,
-        (":_execute_server_warmup", ":_wait_and_warmup", ":warmup_model", ":_warmup", ":compile_or_warm_up_model"),
-    ),
-    (
-        Phase.SERVING,
-        (":event_loop_normal", ":event_loop_overlap", ":run_batch", ":process_batch_result", ":execute_model"),
-    ),
-)
-
-_STARTUP_ORDER = (
-    Phase.DRAFT_CUDA_GRAPH_CAPTURE,
-    Phase.CUDA_GRAPH_CAPTURE,
-    Phase.KV_CACHE_ALLOC,
-    Phase.WEIGHT_LOADING,
-    Phase.STARTUP_OTHER,
-    Phase.WARMUP,
-)
-
 #: Frames that only say "inside model-runner / worker construction" without naming the step.
 MODEL_INIT_FRAMES = ("model_runner.py:__init__", "model_runner.py:initialize", "tp_worker.py:__init__")
-
-
-def frame_phase(frames: tuple[str, ...]) -> Phase | None:
-    """The startup step a traceback was in, from its frames (``file:function``, innermost last).
-
-    The innermost frame that names a step wins; a startup step anywhere in the stack beats the serving
-    loop (a capture runs forward passes, which look like serving). Draft frames mark draft capture.
-    """
-    found: Phase | None = None
-    has_draft = False
-    for frame in reversed(frames):
-        low = frame.lower()
-        if "draft" in low and ("graph" in low or "eagle" in low):
-            has_draft = True
-        for phase, needles in _FRAME_RULES:
-            if any(n.lower() in low for n in needles):
-                if phase in _STARTUP_ORDER:
-                    if phase is Phase.CUDA_GRAPH_CAPTURE and has_draft:
-                        return Phase.DRAFT_CUDA_GRAPH_CAPTURE
-                    return phase
-                if found is None:
-                    found = phase
-                break
-    return found

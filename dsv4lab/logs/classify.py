@@ -84,7 +84,19 @@ _FATAL = (
     "crashed with exit code",
     "watchdog timeout",
     "no kernel image is available",
+    "error while attempting to bind",
+    "Error while finding module specification",
+    "EngineDeadError",
+    "encountered a fatal error",
+    "Fatal Python error",
+    "less than desired GPU memory utilization",
+    "To serve at least one request",
+    "output_handler failed",
 )
+# Import/ABI and port failures say so mid-line, often before any engine line. A warning that only mentions
+# them (vLLM's "Failed to import from vllm._C with ImportError(...)") is not fatal.
+_EARLY_LATE = ("No module named", "undefined symbol", "address already in use", "Address already in use")
+_WARNING_LEVELS = ("WARNING ", "WARN ", "] WARNING", ") WARNING")
 # (needle, kind) for progress; the first match wins, so more specific needles come first.
 _PROGRESS = (
     ("Capturing batches", LineKind.CUDA_GRAPH),
@@ -130,6 +142,8 @@ def classify_line(line: str) -> LineKind:
         return LineKind.SERVING
     if "ready to roll" in line:
         return LineKind.READY
+    if "HTTP/1" in line and "INFO:" in line:  # a uvicorn access-log line: a request was served
+        return LineKind.OTHER
     if "emory" in line or "OutOfMemory" in line:
         for needle in _OOM:
             if needle in line:
@@ -137,6 +151,10 @@ def classify_line(line: str) -> LineKind:
     for needle in _FATAL:
         if needle in line:
             return LineKind.FATAL
+    if "No module" in line or "symbol" in line or "in use" in line:
+        for needle in _EARLY_LATE:
+            if needle in line:
+                return LineKind.WARNING if any(w in line for w in _WARNING_LEVELS) else LineKind.FATAL
     if "kill_process_tree" in line and "include_parent=True" in line:
         return LineKind.FATAL
     for needle, kind in _PROGRESS:

@@ -73,7 +73,8 @@ class Phase(str, Enum):
 class ErrorKind(str, Enum):
     """What an error says its cause is; the diagnosis ranks these to find the root cause.
 
-    Only the first three are memory: everything else is a crash even when memory was low at the time.
+    Only the memory kinds (OOM, KV budget/exhausted, too little free memory at startup) mean outcome
+    ``oom``: everything else is a crash even when memory was low at the time.
     """
 
     OOM = "oom"  # a CUDA/HIP allocation failed
@@ -85,6 +86,9 @@ class ErrorKind(str, Enum):
     IMPORT = "import"
     COMPILE = "compile"  # torch.compile / inductor / triton compile failures
     IMBALANCE = "imbalance"  # free memory differs across TP ranks
+    FREE_MEMORY = "free_memory"  # less GPU memory free at startup than the configured share asks for
+    PORT = "port"  # the HTTP or a distributed port is already taken
+    GRAPH_CAPTURE = "graph_capture"  # an operation CUDA graph capture does not allow (not memory)
     HOST_KILL = "host_kill"  # SIGKILL (-9), often the OS OOM killer
     ARGS = "args"  # the launch command was rejected
     FILE = "file"  # weights/config not found or not downloadable

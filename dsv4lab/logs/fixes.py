@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4lab.logs.events import Engine, ErrorKind, OomFigures, Phase
+from dsv4lab.logs.patterns import VLLM_FREE_ON_START as _FREE_ON_START
 
 __all__ = ["Fix", "MemoryFacts", "fixes_for"]
 
@@ -217,6 +218,25 @@ def _memory_fixes(
             )
         fixes.append(_more_gpus(m, "the KV budget grows by what the weights give back."))
         return fixes
+    if kind is ErrorKind.FREE_MEMORY:
+        m_free = _FREE_ON_START.search(message)
+        if m_free:
+            free, total = float(m_free.group(1)), float(m_free.group(2))
+            cap = _floor_to(free / total - 0.01, 0.01)
+            fixes.append(
+                Fix(
+                    f"--gpu-memory-utilization {cap:.2f}" if vllm else f"--mem-fraction-static {cap:.2f}",
+                    f"Only {free:.2f} of {total:.2f} GiB was free at startup; the share must fit in what is free "
+                    f"({free / total:.2f} of the card), and the KV cache shrinks with it.",
+                )
+            )
+        fixes.append(
+            Fix(
+                "free the GPU (nvidia-smi: another server or a previous run still holds memory)",
+                "The engine measures free memory before loading anything; memory held by other processes is lost.",
+            )
+        )
+        return fixes
     if kind is ErrorKind.KV_EXHAUSTED:
         fixes.append(
             Fix(
@@ -356,6 +376,19 @@ _CRASH_FIXES: dict[ErrorKind, tuple[tuple[str, str], ...]] = {
     ErrorKind.FILE: (("check the model path / Hugging Face access", "The weights or config could not be found."),),
     ErrorKind.CUDA: (
         ("rerun with CUDA_LAUNCH_BLOCKING=1", "Finds the kernel that failed; often a driver/build mismatch or a bug."),
+    ),
+    ErrorKind.PORT: (
+        (
+            "pick a free --port, or stop what holds it (ss -ltnp | grep :PORT)",
+            "Another server, or a previous run that has not exited, still listens on the port.",
+        ),
+    ),
+    ErrorKind.GRAPH_CAPTURE: (
+        (
+            "run once with CUDA graphs off (--disable-cuda-graph / --enforce-eager) to confirm",
+            "Something issued a call CUDA graph capture forbids (a sync, an allocation, a collective on another "
+            "stream); memory settings cannot fix it. Update the driver / ROCm or the feature that does it.",
+        ),
     ),
     ErrorKind.WATCHDOG: (
         (

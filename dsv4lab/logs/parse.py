@@ -9,6 +9,7 @@ memory. The live watcher feeds it line by line; :func:`parse_log` wraps it for f
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from dsv4lab.logs.events import (
 from dsv4lab.logs.serverargs import parse_server_args
 from dsv4lab.logs.sglang import parse_progress_line, parse_sglang_message
 from dsv4lab.logs.source import LogSource, iter_lines
-from dsv4lab.logs.vllm import parse_vllm_message, split_vllm_prefix
+from dsv4lab.logs.vllm import VllmPrefix, parse_vllm_message, split_vllm_prefix
 
 __all__ = ["LogParser", "parse_line", "parse_log"]
 
@@ -42,6 +43,26 @@ _REWIND_S = 120.0
 _EMPTY: tuple[Event, ...] = ()
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 _TB_START = "Traceback (most recent call last)"
+#: Python's faulthandler dump (an abort or a hang): one stack per thread, frames without the comma.
+_DUMP = ("Thread 0x", "Current thread 0x")
+#: Substrings of vLLM messages worth reading when a paste lost the line prefix.
+_BARE_MESSAGE_HINTS = ("took", "blocks:", "KV cache", "Memory profiling", "Graph capturing", "Maximum concurrency")
+#: Substrings of a line that may report a failure on its own (checked only on unprefixed lines).
+_BARE_FATAL_HINTS = (
+    "rror",
+    "out of memory",
+    "max seq len",
+    "Fatal Python",
+    "undefined symbol",
+    "No module named",
+    "xception",
+    "ailed",
+    "already in use",
+    "To serve at least",
+)
+#: torch's standard advice after a CUDA error: it names assertions and errors without being one.
+_HINT_LINES = ("CUDA kernel errors might be", "For debugging consider", "Compile with `TORCH_USE", "Search for `")
+_TRAILING_NAME = re.compile(r"([A-Za-z_]\w*)$")
 
 
 @dataclass
@@ -62,6 +83,7 @@ class _Block:
     exceptions: list[str] = field(default_factory=list)
     expect_code: bool = False
     after_exc: int = 0
+    cut_call: tuple[int, str] | None = None  # (line count when seen, trailing name) of a code line without "("
 
     def add(self, line: str) -> None:
         self.n_lines += 1
@@ -80,7 +102,11 @@ class _Block:
 
 
 def _basename(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
+    """The file name; vLLM's ``compilation/`` files keep their folder (``backends.py`` alone says nothing)."""
+    head, _, name = path.rpartition("/")
+    if head.endswith("/compilation"):
+        return "compilation/" + name
+    return name
 
 
 def _ts_seconds(ts: str) -> float | None:
@@ -162,8 +188,16 @@ class LogParser:
                 m = P.PARTIAL_PREFIX.match(line)
                 if m:
                     return self._fragment(m.group(1), n)
-            elif line.startswith("[rank"):
-                vp = split_vllm_prefix(line)
+                if line[3:4] == ":":
+                    old = self._old_sglang(line, n)
+                    if old is not None:
+                        return old
+            elif line.startswith(("[gpu_id=", "[rank=")):
+                old = self._old_sglang(line, n)
+                if old is not None:
+                    return old
+            else:
+                vp = split_vllm_prefix(line)  # "[rank0]: ..." and a VLLM_LOGGING_PREFIX like "[Stage-1] INFO ..."
                 if vp is not None:
                     return self._vllm(line, vp, n)
         elif c == "(" or (c and c in "DIWEC"):
@@ -241,10 +275,37 @@ class LogParser:
             out.append(ev)
         return tuple(out) if out else _EMPTY
 
-    def _vllm(self, line: str, vp: object, n: int) -> tuple[Event, ...]:
-        from dsv4lab.logs.vllm import VllmPrefix  # local: keeps the hot path's globals small
+    def _old_sglang(self, line: str, n: int) -> tuple[Event, ...] | None:
+        """SGLang before 0.4 (``[23:17:01 TP7]``, ``[gpu_id=0]``, ``[rank=1]``): short logs, no fast path."""
+        m = P.OLD_SGLANG_PREFIX.match(line)
+        if m is None:
+            return None
+        rank: int | None = None
+        dp: int | None = None
+        if m.group("tags"):
+            rank, dp = P.parse_tags(m.group("tags"))
+        for g in ("gpu", "rank"):
+            if m.group(g) is not None:
+                rank = int(m.group(g))
+        ts, msg = m.group("time"), m.group("msg")
+        out: list[Event] = []
+        if self._bare is not None:
+            out.append(self._finish(self._bare))
+            self._bare = None
+        if _TB_START in msg:
+            head = msg.split(_TB_START, 1)[0].rstrip(": ").strip() or None
+            self._bare = _Block(key="bare", line_no=n, ts=ts, rank=rank, dp=dp, engine=Engine.SGLANG, head=head)
+            self._bare.add(line)
+            self.votes[Engine.SGLANG] += 1
+            return tuple(out)
+        ev = parse_sglang_message(msg, n, line, ts, rank, dp)
+        if ev is not None:
+            self.votes[Engine.SGLANG] += 1
+            self._content_since_start += 1
+            out.append(ev)
+        return tuple(out)
 
-        assert isinstance(vp, VllmPrefix)
+    def _vllm(self, line: str, vp: VllmPrefix, n: int) -> tuple[Event, ...]:
         key = vp.key
         block = self._blocks.get(key)
         msg = vp.msg
@@ -273,14 +334,16 @@ class LogParser:
             return tuple(out)
         if vp.level is None and (msg.startswith("Capturing") or msg.startswith("Loading safetensors")):
             ev = parse_progress_line(msg, n)
+        elif vp.level is None and "Capturing " in msg:  # a tqdm bar glued to a nested tag (Ray Serve)
+            ev = parse_progress_line(msg[msg.index("Capturing ") :], n)
         else:
             ev = parse_vllm_message(vp, n, line)
         if ev is not None:
             self.votes[Engine.VLLM] += 1
             self._content_since_start += 1
             out.append(ev)
-        elif vp.level is None and P.FRAME.match(msg):
-            blk = _Block(key=key, line_no=n, ts=None, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
+        elif P.FRAME.match(msg):  # a traceback whose "Traceback" line is above the excerpt
+            blk = _Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
             self._blocks[key] = blk
             self._continues(blk, msg)
         return tuple(out) if out else _EMPTY
@@ -296,7 +359,7 @@ class LogParser:
         return self._bare_line_new(line, n)
 
     def _bare_line_new(self, line: str, n: int) -> tuple[Event, ...]:
-        if line.startswith(_TB_START) or line.startswith(_CHAIN) or P.FRAME.match(line):
+        if line.startswith(_TB_START) or line.startswith(_CHAIN) or line.startswith(_DUMP) or P.FRAME.match(line):
             self._bare = _Block(key="bare", line_no=n, ts=None, rank=None, dp=None, engine=None, head=None)
             self._continues(self._bare, line)
             return _EMPTY
@@ -310,16 +373,21 @@ class LogParser:
         if m:
             kind = classify_error_text(line)
             if kind is not ErrorKind.OTHER or line.startswith(("RuntimeError", "Exception", "ValueError")):
-                return (
-                    ErrorEvent(
-                        line_no=n,
-                        text=line,
-                        kind=kind,
-                        message=line,
-                        traceback=(line,),
-                        oom=oom_figures(line) if kind is ErrorKind.OOM else None,
-                    ),
-                )
+                return (_bare_error(line, n, kind),)
+        if any(h in line for h in _BARE_MESSAGE_HINTS):
+            # A vLLM message whose prefix the user cut off when pasting.
+            ev = parse_vllm_message(VllmPrefix("bare", None, None, None, None, line), n, line)
+            if ev is not None and not isinstance(ev, ErrorEvent):
+                self.votes[Engine.VLLM] += 1
+                self._content_since_start += 1
+                return (ev,)
+        if any(h in line for h in _BARE_FATAL_HINTS) and not line.lstrip().startswith(_HINT_LINES):
+            # An error printed outside any logger or traceback: C++ CUDA errors, uvicorn, runpy, a cut prefix.
+            kind = classify_error_text(line)
+            if kind is not ErrorKind.OTHER:
+                return (_bare_error(line, n, kind),)
+            if line.startswith("Fatal Python error"):
+                return (_bare_error(line, n, ErrorKind.OTHER),)
         return _EMPTY
 
     # -- tracebacks -------------------------------------------------------------------------------------------
@@ -330,7 +398,7 @@ class LogParser:
         if not stripped:
             block.add(text)
             return True
-        if stripped.startswith(_TB_START) or stripped.startswith(_CHAIN):
+        if stripped.startswith(_TB_START) or stripped.startswith(_CHAIN) or stripped.startswith(_DUMP):
             block.add(text)
             block.after_exc = 0
             block.expect_code = False
@@ -384,9 +452,15 @@ class LogParser:
             name = code[:i].rsplit(".", 1)[-1].rsplit(" ", 1)[-1].strip()
             if name.isidentifier():
                 block.frames.append(f"call:{name}")
+        elif i < 0:
+            m = _TRAILING_NAME.search(code)
+            if m:  # possibly a call cut mid-name ("self.init_cu"); only trusted if the block ends here
+                block.cut_call = (block.n_lines, m.group(1))
 
     def _finish(self, block: _Block) -> ErrorEvent:
         lines = block.lines()
+        if not block.exceptions and block.cut_call is not None and block.cut_call[0] == block.n_lines:
+            block.frames.append(f"cut:{block.cut_call[1]}")
         frames = tuple(block.frames)
         if block.exceptions:
             best = min(
@@ -465,6 +539,17 @@ class LogParser:
         self.votes[engine] += 3
         out.append(ServerArgs.from_mapping(args, line_no=n, text=line[:2000], ts=ts, rank=rank, dp=dp, engine=engine))
         return out
+
+
+def _bare_error(line: str, n: int, kind: ErrorKind) -> ErrorEvent:
+    return ErrorEvent(
+        line_no=n,
+        text=line,
+        kind=kind,
+        message=line,
+        traceback=(line,),
+        oom=oom_figures(line) if kind is ErrorKind.OOM else None,
+    )
 
 
 def _clean(raw: str) -> Iterator[str]:

@@ -70,7 +70,8 @@ SglangPrefix = tuple[str, "int | None", "int | None", str]
 _TAG_CACHE: dict[str, tuple[int | None, int | None]] = {}
 
 
-def _parse_tags(tags: str) -> tuple[int | None, int | None]:
+def parse_tags(tags: str) -> tuple[int | None, int | None]:
+    """(TP rank, DP rank) of SGLang's rank tags (`` DP1 TP4``); None where a tag is absent."""
     rank: int | None = None
     dp: int | None = None
     for tag in tags.split():
@@ -97,7 +98,7 @@ def split_sglang_prefix(line: str) -> SglangPrefix | None:
         tags = line[20:end]
         ranks = _TAG_CACHE.get(tags)
         if ranks is None:
-            ranks = _parse_tags(tags)
+            ranks = parse_tags(tags)
             if len(_TAG_CACHE) < 4096:
                 _TAG_CACHE[tags] = ranks
         rank, dp = ranks
@@ -111,15 +112,30 @@ def split_sglang_prefix(line: str) -> SglangPrefix | None:
 #: A line that is only the start of an SGLang timestamp (a log cut mid-prefix): ``[2025-11-30 1``.
 PARTIAL_PREFIX = re.compile(r"^\[(\d{4}-[\d\- :.]*)$")
 
+#: SGLang before 0.4 (and its router era): ``[23:17:01 TP7] msg`` (time only), ``[gpu_id=0] msg``,
+#: ``[rank=1] msg``. Issue threads still carry them, so they are read like the modern prefix.
+OLD_SGLANG_PREFIX = re.compile(
+    r"^\[(?:(?P<time>\d\d:\d\d:\d\d)(?P<tags>(?: [A-Z_]+\d+)*)|gpu_id=(?P<gpu>\d+)|rank=(?P<rank>\d+))\] ?(?P<msg>.*)$",
+    re.DOTALL,
+)
+
 #: vLLM: ``(EngineCore_DP0 pid=441) INFO 12-31 14:54:54 [gpu_model_runner.py:3341] msg`` and the older
 #: ``INFO 12-19 22:58:41 model_runner.py:1535] msg`` (no brackets around the source, no process tag).
+#: Ray nests tags (``(RayWorkerProc pid=1) (Worker_DP0_TP0 pid=1) INFO ...``): the last tag names the worker.
+#: ``VLLM_LOGGING_PREFIX`` (e.g. ``[Stage-0] ``) may sit between the tag and the level.
 VLLM_PREFIX = re.compile(
-    r"^(?:\((?P<proc>[^()]{1,80}?)\) )?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
+    r"^(?:\((?P<proc>[^()]{1,80}?)\) )*(?:\[[^\]\s]{1,40}\] )?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?(?P<src>[^\]\s]{1,120})\] ?(?P<msg>.*)$",
     re.DOTALL,
 )
 #: A worker's own output without the logging format (print, tqdm): ``(Worker_TP2 pid=99) text``.
-VLLM_PROC_ONLY = re.compile(r"^\((?P<proc>[^()]{1,80}? pid=\d+)\) (?P<msg>.*)$", re.DOTALL)
+VLLM_PROC_ONLY = re.compile(
+    r"^(?:\([^()]{1,80}? pid=\d+[^()]{0,40}\) )*\((?P<proc>[^()]{1,80}? pid=\d+[^()]{0,40})\) (?P<msg>.*)$", re.DOTALL
+)
+#: Ray's log dedup suffix: the line stands for N copies from other workers and arrives seconds late.
+RAY_REPEATED = re.compile(r" \[repeated (\d+)x across cluster\]")
+#: torch's C++ (glog-style) records behind ``[rankN]:``: ``[E1030 15:32:32.970893361 ProcessGroupNCCL.cpp:2055] msg``.
+GLOG_LEVEL = re.compile(r"^\[([EWIF])\d{4} [\d:.]+ [^\]]*\] ")
 #: torchrun / elastic prefix: ``[rank0]: text``.
 RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?(?P<msg>.*)$", re.DOTALL)
 VLLM_PROC_TP = re.compile(r"(?:TP|rank=)(\d+)")
@@ -142,11 +158,13 @@ KV_ALLOC = re.compile(
     r"(?:, (?:K size: (?P<k>[\d.]+) ?GB, V size: (?P<v>[\d.]+) ?GB|KV size: (?P<kv>[\d.]+) ?GB))?"
 )
 POOL_END = re.compile(r"Memory pool end\. avail mem=([\d.]+) ?GB")
-CAPTURE_OLD = re.compile(r"Capture (?P<role>draft extend |draft )?(?:cuda|cpu|npu|musa) graph (?P<stage>begin|end)\b")
+CAPTURE_OLD = re.compile(
+    r"Capture (?P<role>draft extend |draft |piecewise )?(?:cuda|cpu|npu|musa|CUDA) graph (?P<stage>begin|end)\b"
+)
 CAPTURE_NEW = re.compile(
     r"Capture (?P<role>target|draft) (?P<graph>prefill|decode|verify|extend) CUDA graph (?P<stage>begin|end)\b"
 )
-CAPTURE_BS = re.compile(r"Capture (?:cuda|cpu) graph bs \[([\d, ]*)\]?")
+CAPTURE_BS = re.compile(r"Capture (?:cuda|cpu) graph (?P<what>bs|num tokens) \[([\d, ]*)\]?")
 AVAIL = re.compile(r"avail[ _]mem=([\d.]+) ?GB")
 USAGE = re.compile(r"mem usage=([\d.]+) ?GB")
 ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )([\d.]+) ?s")
@@ -167,14 +185,16 @@ FP8_DEFAULT = re.compile(
 #: An exception line: a (dotted) class name ending like an exception, then ``:`` or the end of the line.
 #: Class names are CamelCase, so code lines such as ``self.comm: ncclComm_t = ...`` do not match.
 EXCEPTION_LINE = re.compile(
-    r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failed|Failure|Warning)(?::\s?(?P<msg>.*)|\s*$)",
+    r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failed|Failure|Warning)(?:\(\w+\))?"
+    r"(?::\s?(?P<msg>.*)|\s*$)",
     re.DOTALL,
 )
-FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
+#: A traceback frame; Python's faulthandler dump writes the same without the comma before ``in``.
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+,? in (?P<func>[\w<>.]+)')
 OOM = re.compile(
     r"(?:CUDA|HIP|cuda|hip|XPU|NPU) (?:error: )?out of memory"
     r"(?:\. Tried to allocate (?P<tried>[\d.]+ ?(?:[KMGT]i?B|bytes|B)?)"
-    r"(?:\. GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+(?: ?(?:[KMGT]i?B|bytes))?)"
+    r"(?:\. GPU (?P<gpu>\d+) has a total capac(?:i)?ty of (?P<total>[\d.]+(?: ?(?:[KMGT]i?B|bytes))?)"
     r"(?: of which (?P<free>[\d.]+ ?(?:[KMGT]i?B|bytes)) is free)?)?"
     r"| Tried to allocate (?P<tried_old>[\d.]+ ?[KMGT]i?B) \(GPU (?P<gpu_old>\d+); (?P<total_old>[\d.]+ ?[KMGT]i?B) "
     r"total capacity;(?: (?P<alloc_old>[\d.]+ ?[KMGT]i?B) already allocated;)?"
@@ -205,7 +225,9 @@ VLLM_PROFILE_SPLIT = re.compile(
     r"the rest of the memory reserved for KV Cache is (-?[\d.]+) ?GiB"
 )
 VLLM_GRAPH_DONE = re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took (-?[\d.]+) ?(GiB|MiB|GB))?")
-VLLM_FREE_ON_START = re.compile(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\) on startup")
+VLLM_FREE_ON_START = re.compile(r"Free memory on device(?: [\w:]+)? \(([\d.]+)/([\d.]+) GiB\) on startup")
+#: vLLM's wrappers name the worker method that raised: V0 multiproc and Ray workers.
+METHOD = re.compile(r"(?:while processing method|[Ee]rror executing method) '?(\w+)'?")
 VLLM_STATS = re.compile(
     r"Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs?,.*?(?:Waiting|Pending): (\d+) reqs?"
     r"(?:,.*?GPU KV cache usage: ([\d.]+)%)?"

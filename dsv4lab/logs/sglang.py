@@ -93,12 +93,14 @@ def _capture(msg: str, line_no: int, text: str, ts: str | None, rank: int | None
         if not m:
             bsm = P.CAPTURE_BS.search(msg)
             if bsm:
-                bs = tuple(int(x) for x in bsm.group(1).replace(",", " ").split() if x.isdigit())
-                return GraphCapture(**where, stage="plan", bs=bs)
+                sizes = tuple(int(x) for x in bsm.group(2).replace(",", " ").split() if x.isdigit())
+                if bsm.group("what") == "num tokens":  # the piecewise (prefill) graph's token sizes
+                    return GraphCapture(**where, stage="plan", graph="prefill")
+                return GraphCapture(**where, stage="plan", bs=sizes)
             return None
         old_role = (m.group("role") or "").strip()
         role = "draft" if old_role.startswith("draft") else "target"
-        graph = "extend" if old_role == "draft extend" else "decode"
+        graph = {"draft extend": "extend", "piecewise": "prefill"}.get(old_role, "decode")
         stage = m.group("stage")
     tail = msg[m.end() :]
     backend = P.BACKEND.search(tail)

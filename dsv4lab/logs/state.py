@@ -32,6 +32,12 @@ from dsv4lab.logs.events import (
 
 __all__ = ["RankState", "RunState"]
 
+
+def _older(ts: str, than: str) -> bool:
+    """``ts`` is before ``than`` (same-format timestamps only; others count as not older)."""
+    return bool(ts) and len(ts) == len(than) and ts < than
+
+
 _MAX_ERRORS = 64
 _MAX_RANKS = 4096
 
@@ -52,6 +58,7 @@ class RankState:
     last_progress: Event | None = None
     last_progress_line: int = 0
     capture_role: str | None = None
+    phase_ts: str = ""  # timestamp of the line that set ``phase`` (late lines do not move it back)
 
 
 @dataclass
@@ -87,6 +94,9 @@ class RunState:
     last_line: int = 0
     engines: set[Engine] = field(default_factory=set)
     max_rank: int | None = None
+    engine_ready: bool = False  # vLLM: "init engine (profile, create kv cache, warmup model) took ..."
+    cur_ts: str = ""  # the last timestamp seen, in line order (for lines that carry none)
+    phase_ts: str = ""
 
     def rank(self, r: int | None) -> RankState:
         st = self.ranks.get(r)
@@ -97,12 +107,22 @@ class RunState:
         return st
 
     def _progress(self, ev: Event, phase: Phase) -> None:
+        """Record that ``ev`` proves ``phase``; a line older than the one that set the phase is not progress.
+
+        Workers interleave and Ray prints its deduplicated lines seconds late, so line order is not time
+        order: a phase only moves on a line at least as new as the one that set it.
+        """
+        ts = ev.ts or self.cur_ts
         st = self.rank(ev.rank)
-        st.phase = phase
-        st.last_progress = ev
-        st.last_progress_line = ev.line_no
-        self.phase = phase
-        self.last_progress = ev
+        if not _older(ts, st.phase_ts):
+            st.phase = phase
+            st.phase_ts = ts
+            st.last_progress = ev
+            st.last_progress_line = ev.line_no
+        if not _older(ts, self.phase_ts):
+            self.phase = phase
+            self.phase_ts = ts
+            self.last_progress = ev
         self.startup_events += 1
 
     def add(self, ev: Event) -> None:
@@ -123,6 +143,8 @@ class RunState:
             if self.ready_line or self.startup_events == 0:
                 self.phase = Phase.SERVING  # before the ready line a batch is the warmup request
             return
+        if ev.ts is not None:
+            self.cur_ts = ev.ts
         if isinstance(ev, ErrorEvent):
             self.content += 1
             if len(self.errors) < _MAX_ERRORS:
@@ -150,8 +172,8 @@ class RunState:
                 st.kv = ev.size_gib
                 st.kv_tokens = ev.tokens
             self.kv_seen = True
-            nxt = Phase.CUDA_GRAPH_CAPTURE if ev.engine is Engine.VLLM else Phase.KV_CACHE_ALLOC
-            self._progress(ev, nxt)
+            # vLLM checks the pool against the context after sizing it; capture starts with its own line.
+            self._progress(ev, Phase.KV_CACHE_ALLOC)
             if ev.dtype is not None:
                 self.new_style = True
         elif isinstance(ev, MemoryPoolEnd):
@@ -186,6 +208,11 @@ class RunState:
             )
             if ev.avail_gib is not None:
                 st.capture_avail = ev.avail_gib
+            if ev.label.startswith("registering"):
+                if ev.engine is Engine.VLLM:  # vLLM registers the graphs' buffers once capture is over
+                    self.graph_finished = True
+                    self._progress(ev, Phase.WARMUP)
+                return
             if ev.done is not None and ev.total is not None:
                 if ev.done >= ev.total > 0:
                     self.graph_bar_done = True
@@ -198,6 +225,8 @@ class RunState:
             self.capacity = ev
             self._progress(ev, Phase.WARMUP)
         elif isinstance(ev, PhaseChange):
+            if ev.what == "engine initialised":
+                self.engine_ready = True
             if ev.ready:
                 self.ready_line = ev.line_no
             elif ev.phase is Phase.WARMUP and ev.what in (

@@ -20,6 +20,7 @@ from dsv4lab.logs.events import (
     ErrorKind,
     Event,
     GraphCapture,
+    GraphProgress,
     KVCache,
     LogWarning,
     Phase,
@@ -61,24 +62,73 @@ def split_vllm_prefix(line: str) -> VllmPrefix | None:
     ``key`` names the writing process, so interleaved tracebacks of several workers stay apart.
     """
     c = line[:1]
-    if c == "(" or c in "DIWEC":
+    if c == "(" or c in "DIWEC[":
+        if c == "[" and line.startswith("[rank"):
+            m = P.RANK_PREFIX.match(line)
+            if m:
+                r = int(m.group("rank"))
+                msg = m.group("msg")
+                g = P.GLOG_LEVEL.match(msg) if msg[:1] == "[" else None
+                level = _GLOG.get(g.group(1)) if g else None
+                return VllmPrefix(f"rank{r}", level, None, r, None, msg)
         m = P.VLLM_PREFIX.match(line)
         if m:
             proc = m.group("proc")
             rank, dp = _proc_ranks(proc)
-            return VllmPrefix(proc or "vllm", m.group("level"), m.group("ts"), rank, dp, m.group("msg"))
+            msg = m.group("msg")
+            if "across cluster]" in msg:  # Ray dedup: one line for N workers, printed late
+                msg = P.RAY_REPEATED.sub("", msg)
+            return VllmPrefix(proc or "vllm", m.group("level"), m.group("ts"), rank, dp, msg)
         if c == "(":
             m = P.VLLM_PROC_ONLY.match(line)
             if m:
                 proc = m.group("proc")
                 rank, dp = _proc_ranks(proc)
                 return VllmPrefix(proc, None, None, rank, dp, m.group("msg"))
-    elif c == "[" and line.startswith("[rank"):
-        m = P.RANK_PREFIX.match(line)
-        if m:
-            r = int(m.group("rank"))
-            return VllmPrefix(f"rank{r}", None, None, r, None, m.group("msg"))
     return None
+
+
+_GLOG = {"E": "ERROR", "F": "CRITICAL", "W": "WARNING", "I": "INFO"}
+
+#: vLLM's own lines that say which startup step is running (reference: vllm.md §2), by message start.
+#: torch.compile runs inside the profiling pass, so its lines belong to KV sizing.
+_STEP_LINES: tuple[tuple[tuple[str, ...], Phase, str], ...] = (
+    (
+        (
+            "vLLM API server version",
+            "vLLM server version",
+            "Initializing a V1 LLM engine",
+            "Initializing a V0 LLM engine",
+            "Initializing an LLM engine",
+            "Waiting for init message",
+            "rank ",
+            "vLLM is using nccl",
+        ),
+        Phase.STARTUP_OTHER,
+        "engine setup",
+    ),
+    (
+        (
+            "Dynamo bytecode transform",
+            "Compiling a graph for",
+            "Cache the graph",
+            "Directly load the compiled graph",
+            "Memory profiling takes",
+            "Memory profiling results",
+            "Profiling CUDA graph memory",
+            "Estimated CUDA graph memory",
+            "Starting profile run",
+            "Maximum concurrency for",
+        ),
+        Phase.KV_CACHE_ALLOC,
+        "memory profiling / KV sizing",
+    ),
+    (
+        ("Compile and warming up model", "Warming up FlashInfer", "Warming up sampler"),
+        Phase.WARMUP,
+        "kernel warmup",
+    ),
+)
 
 
 def _gib(value: str, unit: str) -> float:
@@ -141,14 +191,26 @@ def parse_vllm_message(pre: VllmPrefix, line_no: int, text: str) -> Event | None
             return VllmMemoryProfile(
                 **base, total_gib=float(m.group(1)), utilization=float(m.group(2)), requested_gib=float(m.group(3))
             )
-    if msg.startswith("Capturing CUDA graph") or msg.startswith("Capturing cudagraphs"):
+    if msg.startswith(("Capturing CUDA graph", "Capturing cudagraphs", "Capturing the model for CUDA graphs")):
         return GraphCapture(**base, stage="begin")
+    if msg.startswith("Registering") and "cuda graph addresses" in msg:
+        # Custom all-reduce registers the captured graphs' buffers once capture is over.
+        return GraphProgress(**base, label="registering cuda graph addresses")
     if msg.startswith(("Starting to load model", "Loading weights took", "Loading model")):
         return WeightLoad(**base, stage="begin")
-    if "Starting vLLM API server" in msg or "Uvicorn running on" in msg or "Application startup complete" in msg:
+    if (
+        "Starting vLLM API server" in msg
+        or "Starting vLLM server on" in msg
+        or "Uvicorn running on" in msg
+        or "Application startup complete" in msg
+    ):
         return PhaseChange(**base, phase=Phase.SERVING, what="api server up", ready=True)
     if msg.startswith("init engine") and "took" in msg:
         return PhaseChange(**base, phase=Phase.WARMUP, what="engine initialised")
+    if pre.level not in ("ERROR", "CRITICAL", "WARNING", "WARN"):
+        for needles, phase, what in _STEP_LINES:
+            if msg.startswith(needles) or (phase is Phase.KV_CACHE_ALLOC and "torch.compile" in msg):
+                return PhaseChange(**base, phase=phase, what=what)
     level = pre.level
     if level in ("ERROR", "CRITICAL") or "Error" in msg or "out of memory" in msg or "No available memory" in msg:
         if "Traceback (most recent call last)" in msg:
