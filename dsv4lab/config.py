@@ -352,6 +352,35 @@ class ServerConfig:
             _apply_override(data, key, raw)
         return ServerConfig.from_dict(data)
 
+    def with_values(self, values: Mapping[str, Any]) -> ServerConfig:
+        """Apply overrides given as Python values *or* as text, by field name.
+
+        Names may be dotted (``speculative.num_steps``, ``env.NCCL_PROTO``) or use ``__`` for the dot, so
+        they can be keyword arguments (``speculative__num_steps=2``). Text is parsed as the field's type
+        (what a papermill parameter or a widget hands over); ``None`` unsets an optional field. Every
+        value is validated like a new config, so a wrong type is a :class:`ConfigError` naming the field.
+        """
+        data = self.to_dict()
+        for raw_key, value in values.items():
+            key = raw_key.replace("__", ".")
+            if isinstance(value, str) or value is None:
+                _apply_override(data, key, "none" if value is None else value)
+                continue
+            head, _, tail = key.partition(".")
+            if head == "env" and tail:
+                raise ConfigError(key, value, "a string (environment values are text)")
+            if head == "speculative" and tail:
+                if tail not in _type_hints(SpeculativeConfig):
+                    raise ConfigError(key, value, f"one of {', '.join(field_names())}")
+                data["speculative"] = {**data.get("speculative", {}), tail: value}
+                continue
+            if key not in _type_hints(ServerConfig):
+                raise ConfigError(key, value, f"one of {', '.join(field_names())} (or env.NAME)")
+            if key == "speculative" and isinstance(value, SpeculativeConfig):
+                value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+            data[key] = list(value) if isinstance(value, tuple) else value
+        return ServerConfig.from_dict(data)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, dicts, scalars), unset fields omitted: the TOML/JSON form."""
         out: dict[str, Any] = {}

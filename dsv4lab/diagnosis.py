@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Any
 
-from dsv4lab.calibrate import calibrate, config_from_server_args, hardware_for_total
+from dsv4lab.calibration import calibrate, config_from_server_args, hardware_for_total
 from dsv4lab.config import ServerConfig
 from dsv4lab.errors import ConfigError
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
@@ -79,7 +79,7 @@ def diagnose_with_model(
         Phase.KV_CACHE_ALLOC,
     ):
         return d
-    if isinstance(log, (str, bytes)) or hasattr(log, "__fspath__"):
+    if isinstance(log, (str, bytes, list, tuple)) or hasattr(log, "__fspath__"):  # re-readable sources
         args = _server_args(log)
     else:
         return d  # a one-shot stream: the lines are gone, nothing more to read

@@ -1,18 +1,66 @@
-"""One error hierarchy for dsv4lab.
+"""One error hierarchy for dsv4lab, drawn here and nowhere else.
 
 Every error a user can meet derives from :class:`DSV4LabError`, so a notebook or a script can catch
 "anything dsv4lab says is wrong" in one clause, and the CLI can print it as one ``Error: ...`` line
 instead of a traceback. Messages name what is wrong and what would be accepted, because the reader is
 usually in the middle of a campaign and wants the fix, not the stack.
+
+The classes split by what the caller can do about them, and each carries the CLI's exit status for it::
+
+    DSV4LabError                    1  something dsv4lab refused or could not do
+    ├── ConfigError                 2  a value is invalid: fix the input (a usage error)
+    ├── VersionError                2  an SGLang version cannot be read or lacks a setting
+    │   └── UnsupportedFlagError    2
+    ├── LogError                    2  a log cannot be read as text
+    ├── HostError                   3  reaching or using a host failed
+    │   ├── HostConnectionError     3  connect, authenticate or keep the connection (retry later)
+    │   ├── HostKeyError            4  the host key is unknown or changed (check it out of band)
+    │   └── CommandError            5  a command on the host failed or timed out
+    ├── LaunchError                 6  the server could not be started
+    │   ├── StaleServerError        6  its port is taken or reserved by another server
+    │   └── HostSetupError          6  the host lacks what the launch needs (interpreter, module, files)
+    ├── BenchError                  7  a benchmark could not be set up, run or compared
+    │   └── RemoteBenchError        7  SGLang's own benchmark failed on the host
+    ├── ProfileError                8  a kernel profile could not be taken or read
+    ├── PlotError                   9  a chart could not be built or rendered
+    └── NotebookError              10  an experiment notebook failed (its report is still written)
+
+A server that crashes, stalls or times out is *not* an error: it is a result (``Readiness``) to record
+and show. Stop in a notebook (Ctrl-C in a script) raises :class:`Interrupted`, a ``KeyboardInterrupt``
+that carries the partial result, so the cell stops and nothing measured is lost (exit status 130).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
+
+__all__ = [
+    "BenchError",
+    "CommandError",
+    "ConfigError",
+    "DSV4LabError",
+    "HostConnectionError",
+    "HostError",
+    "HostKeyError",
+    "HostSetupError",
+    "Interrupted",
+    "LaunchError",
+    "LogError",
+    "NotebookError",
+    "PlotError",
+    "ProfileError",
+    "RemoteBenchError",
+    "StaleServerError",
+    "UnsupportedFlagError",
+    "VersionError",
+    "exit_code_for",
+]
 
 
 class DSV4LabError(Exception):
     """Base class of every error dsv4lab raises on purpose."""
+
+    exit_code: ClassVar[int] = 1
 
 
 class ConfigError(DSV4LabError, ValueError):
@@ -21,6 +69,8 @@ class ConfigError(DSV4LabError, ValueError):
     Carries the field, the offending value and what is allowed, so widgets can highlight the field and
     reports can quote the rule that was broken.
     """
+
+    exit_code: ClassVar[int] = 2
 
     def __init__(self, field: str, value: Any, allowed: str, *, detail: str = "") -> None:
         self.field = field
@@ -35,6 +85,8 @@ class ConfigError(DSV4LabError, ValueError):
 
 class VersionError(DSV4LabError, ValueError):
     """A version string cannot be read, or a setting cannot be expressed for that SGLang version."""
+
+    exit_code: ClassVar[int] = 2
 
 
 class UnsupportedFlagError(VersionError):
@@ -53,8 +105,16 @@ class UnsupportedFlagError(VersionError):
         super().__init__(text)
 
 
+class LogError(DSV4LabError, ValueError):
+    """A log cannot be read as text lines (missing, unreadable, binary)."""
+
+    exit_code: ClassVar[int] = 2
+
+
 class HostError(DSV4LabError):
     """Something about reaching or using a host (local or over SSH) went wrong."""
+
+    exit_code: ClassVar[int] = 3
 
 
 class HostConnectionError(HostError):
@@ -71,6 +131,8 @@ class HostKeyError(HostError):
     An unknown key is trusted only by an explicit opt-in (which records it in a known_hosts file); a
     changed key is always refused. The fingerprint is in the message so it can be checked out of band.
     """
+
+    exit_code: ClassVar[int] = 4
 
     def __init__(self, host: str, key_type: str, fingerprint: str, *, changed: bool, known_hosts: str) -> None:
         self.host = host
@@ -95,6 +157,8 @@ class HostKeyError(HostError):
 class CommandError(HostError):
     """A command on a host exited non-zero or timed out; carries the command and its last output lines."""
 
+    exit_code: ClassVar[int] = 5
+
     def __init__(self, host: str, command: str, exit_status: int | None, tail: str, *, timed_out: bool = False) -> None:
         self.host = host
         self.command = command
@@ -106,3 +170,88 @@ class CommandError(HostError):
         if tail:
             text += f"; last output:\n{tail}"
         super().__init__(text)
+
+
+class LaunchError(DSV4LabError):
+    """The server could not be started (the host refused, or the run directory is in use)."""
+
+    exit_code: ClassVar[int] = 6
+
+
+class StaleServerError(LaunchError):
+    """The server's port is in use or reserved by another launch (an earlier server never stopped?)."""
+
+    def __init__(self, host: str, port: int, pids: tuple[int, ...] | list[int] = (), *, holder: str = "") -> None:
+        self.host = host
+        self.port = port
+        self.pids = tuple(pids)
+        if holder:
+            who = holder
+        else:
+            who = f"process(es) {', '.join(map(str, self.pids))}" if self.pids else "an unknown process"
+        super().__init__(
+            f"port {port} on {host} is already in use by {who}; stop it (dsv4lab stop RUN_DIR, or "
+            "launch(..., replace_stale=True) to kill it) or choose another port"
+        )
+
+
+class HostSetupError(LaunchError):
+    """The host lacks something the launch needs: the interpreter, a Python module, a kernel-config folder.
+
+    Found before anything starts, so the user learns it in a second instead of from a dead server.
+    """
+
+
+class BenchError(DSV4LabError):
+    """A benchmark could not be set up, run or compared (bad workload, unreachable server, too few repeats).
+
+    A server that dies mid-run is *not* an error: the run returns a partial result instead, because what
+    was measured before the death is evidence worth keeping.
+    """
+
+    exit_code: ClassVar[int] = 7
+
+
+class RemoteBenchError(BenchError):
+    """SGLang's own benchmark failed on the server host, or left output dsv4lab cannot read."""
+
+
+class ProfileError(DSV4LabError):
+    """Profiling could not be started, stopped or read."""
+
+    exit_code: ClassVar[int] = 8
+
+
+class PlotError(DSV4LabError):
+    """A chart could not be built or rendered (missing columns, no data, a renderer failure)."""
+
+    exit_code: ClassVar[int] = 9
+
+
+class NotebookError(DSV4LabError):
+    """An experiment notebook failed; its report is still written and named here."""
+
+    exit_code: ClassVar[int] = 10
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user stopped a blocking call (the notebook's Stop button, Ctrl-C, SIGTERM).
+
+    It is a ``KeyboardInterrupt``, so the cell or script stops as the user asked, but it carries what was
+    done before the stop — a partial benchmark, the readiness seen so far — in ``partial``, and the call
+    has already stopped what it started (unless told to keep it).
+    """
+
+    exit_code: ClassVar[int] = 130
+
+    def __init__(self, message: str, partial: Any = None) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The CLI exit status for an exception dsv4lab raised (1 for anything unexpected)."""
+    code = getattr(exc, "exit_code", None)
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    return code if isinstance(code, int) else 1

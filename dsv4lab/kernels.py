@@ -8,11 +8,13 @@ the newest trace and sums kernel time by name and by kind.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import posixpath
 import re
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -22,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from dsv4lab.errors import DSV4LabError
+from dsv4lab.errors import Interrupted, ProfileError
 from dsv4lab.hosts import Host
 
 __all__ = ["KernelBreakdown", "ProfileError", "kernel_breakdown", "kind_of", "profile_server"]
@@ -34,10 +36,6 @@ _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("allreduce", re.compile(r"nccl|all_?reduce|cross_device_reduce", re.I)),
     ("gemm", re.compile(r"gemm|matmul|w8a8|cutlass|sm\d+_xmma|ampere_|hopper_", re.I)),
 )
-
-
-class ProfileError(DSV4LabError):
-    """Profiling could not be started, stopped or read."""
 
 
 def kind_of(name: str) -> str:
@@ -66,8 +64,23 @@ class KernelBreakdown:
         return str(first["kernel"]), float(first["share"])
 
     def _repr_html_(self) -> str:
-        head = self.kernels.head(10).to_html(index=False, float_format=lambda x: f"{x:.3f}")
-        return f"<p>GPU kernel time {self.total_ms:.1f} ms ({self.source})</p>{head}"
+        from dsv4lab import htmlview as hv
+
+        kinds = [{"kind": r["kind"], "ms": r["ms"], "share": f"{r['share']:.0%}"} for _, r in self.kinds.iterrows()]
+        top = [
+            {"kernel": r["kernel"], "kind": r["kind"], "ms": r["ms"], "share": f"{r['share']:.1%}"}
+            for _, r in self.kernels.head(25).iterrows()
+        ]
+        name, share = self.top()
+        body = hv.p(f"{self.total_ms:,.1f} ms of GPU kernel time; the top kernel {name} takes {share:.0%}.")
+        return hv.card(
+            "kernel time", body + hv.table(kinds) + hv.table(top, max_rows=10), status=f"{share:.0%} top kernel"
+        )
+
+    def to_frame(self) -> pd.DataFrame:
+        """Kernel time by name (the ``kernels`` table)."""
+        frame: pd.DataFrame = self.kernels.copy()
+        return frame
 
 
 def _load(trace: str | Path | dict[str, Any]) -> dict[str, Any]:
@@ -149,6 +162,11 @@ def _post(url: str, body: dict[str, Any], timeout_s: float) -> str:
         raise ProfileError(f"{url}: {exc}") from exc
 
 
+def _post_quietly(url: str, timeout_s: float) -> None:
+    with contextlib.suppress(ProfileError):
+        _post(url, {}, timeout_s)
+
+
 def profile_server(
     url: str,
     host: Host,
@@ -169,8 +187,17 @@ def profile_server(
     _post(f"{url}/start_profile", {"output_dir": output_dir}, timeout_s)
     try:
         during()
-    finally:
-        _post(f"{url}/stop_profile", {}, timeout_s)
+    except KeyboardInterrupt as exc:
+        # Stop must not wait for the server to write its trace: ask it to stop profiling in the
+        # background (a server left profiling slows down and fills its disk) and give control back.
+        threading.Thread(target=_post_quietly, args=(f"{url}/stop_profile", timeout_s), daemon=True).start()
+        raise Interrupted(
+            "profiling stopped by the user (the server was asked to stop profiling)", getattr(exc, "partial", None)
+        ) from None
+    except BaseException:
+        _post_quietly(f"{url}/stop_profile", timeout_s)
+        raise
+    _post(f"{url}/stop_profile", {}, timeout_s)
     deadline = time.monotonic() + timeout_s
     newest = ""
     while time.monotonic() < deadline:

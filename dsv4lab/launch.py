@@ -8,6 +8,7 @@ detokenizer children behind, and a GPU held by an orphan blocks the next launch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -16,33 +17,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4lab.config import ServerConfig
-from dsv4lab.errors import DSV4LabError
+from dsv4lab.errors import DSV4LabError, HostSetupError, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, KillReport, LocalHost
 from dsv4lab.render import Target, render_env_file, render_launch_script
 from dsv4lab.rundir import RunLayout
 from dsv4lab.versions import resolve_release
 
-__all__ = ["LaunchError", "ServerHandle", "StaleServerError", "attach", "find_listener", "launch", "launch_nodes"]
+__all__ = [
+    "LaunchError",
+    "ServerHandle",
+    "StaleServerError",
+    "attach",
+    "check_host",
+    "find_listener",
+    "launch",
+    "launch_nodes",
+    "pick_port",
+    "release_port",
+    "reserve_port",
+]
 
 HANDLE_FILE = "handle.json"
-
-
-class LaunchError(DSV4LabError):
-    """The server could not be started (the host refused, or the run directory is in use)."""
-
-
-class StaleServerError(LaunchError):
-    """Something already listens on the server's port (an earlier server that was never stopped?)."""
-
-    def __init__(self, host: str, port: int, pids: Sequence[int]) -> None:
-        self.host = host
-        self.port = port
-        self.pids = tuple(pids)
-        who = f"process(es) {', '.join(map(str, pids))}" if pids else "an unknown process"
-        super().__init__(
-            f"port {port} on {host} is already in use by {who}; stop it (dsv4lab stop RUN_DIR, or "
-            "launch(..., replace_stale=True) to kill it) or choose another port"
-        )
 
 
 @dataclass
@@ -87,8 +82,20 @@ class ServerHandle:
     def is_alive(self) -> bool:
         return self.host.is_alive(self.launcher_pid)
 
+    def stopped_on_purpose(self) -> bool:
+        """Whether :meth:`stop` (or ``dsv4lab stop``) ended this server."""
+        return self.host.read_text(self.layout.stopped) is not None
+
     def stop(self, *, grace_s: float = 10.0) -> KillReport:
-        """End the launcher, the server and every child; report what was stopped."""
+        """End the launcher, the server and every child; report what was stopped.
+
+        A ``stopped.json`` marker goes into the run dir first, so that a watcher that sees the death calls
+        it STOPPED rather than CRASHED.
+        """
+        if self.is_alive():
+            marker = {"stopped_at": time.time(), "launcher_pid": self.launcher_pid}
+            with contextlib.suppress(DSV4LabError):  # the kill matters more than the marker
+                self.host.put_text(self.layout.stopped, json.dumps(marker) + "\n")
         report = self.host.kill_tree(self.launcher_pid, grace_s=grace_s)
         pid = self.server_pid()
         if pid is not None and self.host.is_alive(pid):  # a server that left the launcher's group
@@ -132,6 +139,166 @@ def find_listener(host: Host, port: int, *, timeout_s: float = 15.0) -> tuple[bo
     return ("LISTEN" in lines, [int(x) for x in lines if x.isdigit()])
 
 
+#: Where a host keeps dsv4lab's per-user state (port reservations); private to the user.
+_STATE_DIR = '"${DSV4LAB_STATE_DIR:-$HOME/.cache/dsv4lab}"'
+
+# Reserve a port for one launch, atomically (noclobber), so that two launches a second apart — before
+# either server binds — cannot both take it. A reservation names its run dir and, once started, the
+# launcher PID; it is stale when that PID is dead, or (no PID yet) when it is older than 5 minutes.
+_RESERVE_PORT = r"""
+dir=__STATE__/ports
+mkdir -p -m 700 -- "$dir" || exit 3
+f="$dir/$1"
+for attempt in 1 2 3; do
+  if ( set -o noclobber; printf '%s\n' "$2" > "$f" ) 2>/dev/null; then echo RESERVED; exit 0; fi
+  owner=$(sed -n 1p "$f" 2>/dev/null); pid=$(sed -n 2p "$f" 2>/dev/null)
+  if [ "$owner" = "$2" ]; then rm -f -- "$f"; continue; fi
+  if [ -n "$pid" ]; then
+    state=$(ps -o stat= -p "$pid" 2>/dev/null) && case "$state" in *Z*) ;; *) echo "TAKEN $pid $owner"; exit 0 ;; esac
+    rm -f -- "$f"; continue
+  fi
+  age=$(( $(date +%s) - $(stat -c %Y -- "$f" 2>/dev/null || echo 0) ))
+  if [ "$age" -lt 300 ]; then echo "TAKEN - $owner"; exit 0; fi
+  rm -f -- "$f"
+done
+echo "TAKEN - ?"
+""".replace("__STATE__", _STATE_DIR)
+
+_CLAIM_PORT = r"""
+f=__STATE__/ports/"$1"
+[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && printf '%s\n%s\n' "$2" "$3" > "$f.tmp" && mv -f -- "$f.tmp" "$f"
+exit 0
+""".replace("__STATE__", _STATE_DIR)
+
+_RELEASE_PORT = r"""
+f=__STATE__/ports/"$1"
+[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && rm -f -- "$f"
+exit 0
+""".replace("__STATE__", _STATE_DIR)
+
+
+# Ports that are listening or reserved by a live dsv4lab launch, one per line.
+_BUSY_PORTS = r"""
+if command -v ss >/dev/null 2>&1; then
+  ss -ltnH 2>/dev/null | awk '{ n = split($4, a, ":"); print a[n] }'
+else
+  for f in /proc/net/tcp /proc/net/tcp6; do
+    [ -r "$f" ] && awk 'NR > 1 && $4 == "0A" { split($2, a, ":"); print strtonum("0x" a[2]) }' "$f"
+  done
+fi
+dir=__STATE__/ports
+for f in "$dir"/*; do
+  [ -e "$f" ] || continue
+  pid=$(sed -n 2p "$f" 2>/dev/null)
+  if [ -z "$pid" ] || ps -o stat= -p "$pid" >/dev/null 2>&1; then basename -- "$f"; fi
+done
+""".replace("__STATE__", _STATE_DIR)
+
+
+def pick_port(host: Host, start: int, *, avoid: Sequence[int] = (), timeout_s: float = 15.0) -> int:
+    """The first port from ``start`` that nothing listens on and no live launch has reserved (one call).
+
+    Only a hint: :func:`launch` reserves the port atomically and refuses it if another launch got there
+    first, so a caller retries with the next port.
+    """
+    out = host.run(["bash", "-c", _BUSY_PORTS], timeout_s=timeout_s).stdout.split()
+    busy = {int(x) for x in out if x.isdigit()} | set(avoid)
+    port = start
+    while port in busy:
+        port += 1
+    if port > 65535:
+        raise LaunchError(f"no free port on {host.name} from {start} up")
+    return port
+
+
+def reserve_port(host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0) -> None:
+    """Reserve ``port`` on ``host`` for the launch into ``run_dir``, or raise :class:`StaleServerError`."""
+    out = host.run(["bash", "-c", _RESERVE_PORT, "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s).check()
+    words = out.stdout.split(maxsplit=2)
+    if words[:1] == ["RESERVED"]:
+        return
+    pid = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+    owner = words[2] if len(words) > 2 else "?"
+    holder = f"the dsv4lab launch into {owner}" + (f" (launcher PID {pid})" if pid else " (starting now)")
+    raise StaleServerError(host.name, port, [pid] if pid else [], holder=holder)
+
+
+def release_port(host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0) -> None:
+    """Drop ``run_dir``'s reservation of ``port`` (a reservation by another run is left alone)."""
+    host.run(["bash", "-c", _RELEASE_PORT, "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s)
+
+
+# One remote call that checks what a launch needs before anything starts: the interpreter (after the
+# user's env files, which often activate a venv), its module, and the tuned kernel-config folder.
+_CHECK_HOST = r"""
+py=$1; module=$2; kdir=$3; shift 3
+for f in "$@"; do
+  case "$f" in "~/"*) f="$HOME/${f#\~/}" ;; esac
+  [ -r "$f" ] || { echo "NOENVFILE $f"; exit 0; }
+  # shellcheck disable=SC1090
+  source "$f" >/dev/null 2>&1 || { echo "BADENVFILE $f"; exit 0; }
+done
+command -v -- "$py" >/dev/null 2>&1 || { echo "NOPYTHON"; exit 0; }
+"$py" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)' "$module" \
+  >/dev/null 2>&1 || { echo "NOMODULE $("$py" -c 'import sys; print(sys.executable)' 2>/dev/null)"; exit 0; }
+if [ -n "$kdir" ]; then
+  case "$kdir" in "~/"*) kdir="$HOME/${kdir#\~/}" ;; esac
+  [ -d "$kdir" ] || { echo "NOKDIR"; exit 0; }
+  ls -- "$kdir"/N=*.json >/dev/null 2>&1 || { echo "EMPTYKDIR"; exit 0; }
+fi
+echo OK
+"""
+
+
+def check_host(
+    host: Host, config: ServerConfig, *, target: Target = "sglang", python: str = "python3", timeout_s: float = 30.0
+) -> None:
+    """Raise :class:`~dsv4lab.errors.HostSetupError` naming what the launch would miss on ``host``.
+
+    The server's interpreter must exist after the config's env files are sourced and must find ``sglang``
+    (or ``dsv4lab`` for the twin); a ``kernel_config_dir`` must hold tuned ``N=*.json`` files, because
+    without them SGLang quietly runs the untuned kernels and the campaign measures the wrong thing.
+    """
+    module = "dsv4lab" if target == "twin" else "sglang"
+    argv = [
+        "bash",
+        "-c",
+        _CHECK_HOST,
+        "dsv4lab-check",
+        python,
+        module,
+        config.kernel_config_dir or "",
+        *config.env_files,
+    ]
+    out = host.run(argv, timeout_s=timeout_s).check().stdout.strip().splitlines()
+    verdict = out[-1] if out else "?"
+    word, _, rest = verdict.partition(" ")
+    if word == "OK":
+        return
+    if word == "NOENVFILE":
+        raise HostSetupError(f"on {host.name}: the env file {rest} in env_files does not exist or is not readable")
+    if word == "BADENVFILE":
+        raise HostSetupError(f"on {host.name}: sourcing the env file {rest} failed")
+    if word == "NOPYTHON":
+        raise HostSetupError(
+            f"on {host.name}: the interpreter {python!r} was not found; name the server host's Python with "
+            "python= (CLI --python), e.g. the venv or conda env where SGLang is installed"
+        )
+    if word == "NOMODULE":
+        where = f" ({rest})" if rest else ""
+        raise HostSetupError(
+            f"on {host.name}: the interpreter {python!r}{where} cannot import {module!r}; install it there or "
+            f"point python= (CLI --python) at the environment that has it"
+        )
+    if word in ("NOKDIR", "EMPTYKDIR"):
+        what = "does not exist" if word == "NOKDIR" else "holds no tuned N=*.json kernel configs"
+        raise HostSetupError(
+            f"on {host.name}: kernel_config_dir {config.kernel_config_dir!r} {what}; without it SGLang runs the "
+            "untuned FP8 kernels. Copy the tuned JSONs there, or unset kernel_config_dir to run untuned on purpose"
+        )
+    raise HostSetupError(f"on {host.name}: the pre-launch check printed {verdict!r}")
+
+
 def launch(
     host: Host,
     config: ServerConfig,
@@ -142,17 +309,22 @@ def launch(
     python: str | None = None,
     twin_env: Mapping[str, str] | None = None,
     replace_stale: bool = False,
+    check: bool = True,
     timeout_s: float = 60.0,
 ) -> ServerHandle:
     """Upload the env file and launch script into ``run_dir`` on ``host``, start the server, return at once.
 
     ``target="twin"`` starts the SGLang twin with the same flags (``twin_env`` sets its hardware profile,
-    time scale and fault). A port already in use raises :class:`StaleServerError` unless
+    time scale and fault). ``python`` is the server host's interpreter (a venv or conda env); with
+    ``check`` it is checked first, with the kernel-config folder, in one remote call (:func:`check_host`).
+    A port in use, or reserved by another launch, raises :class:`StaleServerError` unless
     ``replace_stale`` kills the process tree holding it.
     """
     release = resolve_release(sglang_version)
     if python is None:
         python = sys.executable if target == "twin" and isinstance(host, LocalHost) else "python3"
+    if check:
+        check_host(host, config, target=target, python=python, timeout_s=timeout_s)
     run_dir = host.absolute_path(run_dir)
     layout = RunLayout(run_dir)
     host.makedirs(run_dir, timeout_s=timeout_s)
@@ -164,20 +336,35 @@ def launch(
                 f"{previous['launcher_pid']}); stop it first or use another run dir"
             )
         host.kill_tree(int(previous["launcher_pid"]), grace_s=10.0)
-    listening, pids = find_listener(host, config.port, timeout_s=timeout_s)
-    if listening:
-        if not replace_stale or not pids:
-            raise StaleServerError(host.name, config.port, pids)
-        for pid in pids:
-            host.kill_tree(pid, grace_s=10.0)
-    host.put_text(layout.config_file, config.to_toml())
-    host.put_text(layout.env_file, render_env_file(config))
-    script = render_launch_script(
-        config, run_dir=run_dir, sglang_version=release, python=python, target=target, twin_env=twin_env
-    )
-    host.put_text(layout.script, script, mode=0o755)
-    started = time.time()
-    pid = host.start_detached(["bash", layout.script], cwd=run_dir, timeout_s=timeout_s)
+    try:
+        reserve_port(host, config.port, run_dir, timeout_s=timeout_s)
+    except StaleServerError as exc:
+        if not replace_stale or not exc.pids:
+            raise
+        host.kill_tree(exc.pids[0], grace_s=10.0)
+        reserve_port(host, config.port, run_dir, timeout_s=timeout_s)
+    try:
+        listening, pids = find_listener(host, config.port, timeout_s=timeout_s)
+        if listening:
+            if not replace_stale or not pids:
+                raise StaleServerError(host.name, config.port, pids)
+            for pid in pids:
+                host.kill_tree(pid, grace_s=10.0)
+        with contextlib.suppress(DSV4LabError):  # an old marker would make the new server's death a "stop"
+            host.run(["rm", "-f", "--", layout.stopped], timeout_s=timeout_s)
+        host.put_text(layout.config_file, config.to_toml())
+        host.put_text(layout.env_file, render_env_file(config))
+        script = render_launch_script(
+            config, run_dir=run_dir, sglang_version=release, python=python, target=target, twin_env=twin_env
+        )
+        host.put_text(layout.script, script, mode=0o755)
+        started = time.time()
+        pid = host.start_detached(["bash", layout.script], cwd=run_dir, timeout_s=timeout_s)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            release_port(host, config.port, run_dir)
+        raise
+    host.run(["bash", "-c", _CLAIM_PORT, "dsv4lab-port", str(config.port), run_dir, str(pid)], timeout_s=timeout_s)
     handle = ServerHandle(
         host,
         config,
@@ -201,7 +388,12 @@ def launch_nodes(
     dist_port: int = 5000,
     node0_address: str | None = None,
     port_step: int = 0,
-    **options: Any,
+    target: Target = "sglang",
+    sglang_version: str | None = None,
+    python: str | None = None,
+    twin_env: Mapping[str, str] | None = None,
+    replace_stale: bool = False,
+    timeout_s: float = 60.0,
 ) -> list[ServerHandle]:
     """One process per node for ``nnodes > 1``: the same flags with node_rank 0..n-1 and node 0's address.
 
@@ -215,7 +407,19 @@ def launch_nodes(
     try:
         for rank, host in enumerate(hosts):
             node_config = config.replace(node_rank=rank, dist_init_addr=addr, port=config.port + rank * port_step)
-            handles.append(launch(host, node_config, f"{run_dir}/node{rank}", **options))
+            handles.append(
+                launch(
+                    host,
+                    node_config,
+                    f"{run_dir}/node{rank}",
+                    target=target,
+                    sglang_version=sglang_version,
+                    python=python,
+                    twin_env=twin_env,
+                    replace_stale=replace_stale,
+                    timeout_s=timeout_s,
+                )
+            )
     except Exception:
         for h in handles:
             h.stop(grace_s=2.0)

@@ -52,6 +52,11 @@ class RunLayout:
         return self._join("launcher.pid")
 
     @property
+    def stopped(self) -> str:
+        """Written by a deliberate stop, before the kill: a later watch says STOPPED, not CRASHED."""
+        return self._join("stopped.json")
+
+    @property
     def launcher_exit(self) -> str:
         """Exit status of the launch script itself, written on any exit (a failed ``source`` included)."""
         return self._join("launcher.exit")

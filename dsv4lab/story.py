@@ -214,7 +214,7 @@ def run_story(
         )
         say(f"    sparse-MLA decode attention: {attn:.0%} of GPU time")
         if s.fp8_ab and s.target == "twin":
-            untuned, ru = start("config-a-untuned", config_a())
+            untuned, ru = start("config-a-untuned", config_a().replace(kernel_config_dir=None))
             if ru.ready:
                 fp8 = ab(url(untuned), a_url, [max(s.concurrencies)], str(out_dir / "bench" / "fp8"))
                 lv = fp8.levels[0]

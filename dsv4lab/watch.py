@@ -16,6 +16,8 @@ A dropped SSH connection is a reason to reconnect and resume at the log offset, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,15 +27,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from dsv4lab.errors import HostConnectionError
-from dsv4lab.hosts import Follower, PortForward
+from dsv4lab.errors import HostConnectionError, Interrupted
+from dsv4lab.hosts import Follower, KillReport, PortForward
 from dsv4lab.launch import ServerHandle
-from dsv4lab.logs import Diagnosis, LineKind, classify_line, diagnose
+from dsv4lab.logs import Diagnosis, LineKind, Outcome, classify_line, diagnose
+from dsv4lab.progress import Progress, State
 
-__all__ = ["PhaseMark", "Readiness", "Verdict", "wait_ready", "wait_ready_all"]
+__all__ = ["PhaseMark", "Readiness", "Verdict", "stop_soon", "wait_ready", "wait_ready_all"]
 
 #: Lines kept for evidence and diagnosis (a traceback plus what led to it).
 _KEEP_LINES = 4000
+#: Lines kept from the start of the log: server_args and the memory split, which the diagnosis needs.
+_HEAD_LINES = 400
 
 #: Timeline labels for the progress kinds of the shared classifier.
 _PHASE_LABEL = {
@@ -62,10 +67,27 @@ def _is_definitive(text: str) -> bool:
 
 
 class Verdict(str, Enum):
+    """What the watcher concluded about the server *now* (never from old log lines alone)."""
+
     READY = "READY"
     CRASHED = "CRASHED"
     STALLED = "STALLED"
     TIMEOUT = "TIMEOUT"
+    #: The server was stopped on purpose (``stop()``, ``dsv4lab stop``) and is not running.
+    STOPPED = "STOPPED"
+    #: The user stopped the watch (Stop button, Ctrl-C); the readiness seen so far is kept.
+    INTERRUPTED = "INTERRUPTED"
+
+
+#: Progress colour of each verdict: red for the ones that need the user's attention.
+VERDICT_STATE: dict[Verdict, State] = {
+    Verdict.READY: "ok",
+    Verdict.CRASHED: "fail",
+    Verdict.STALLED: "fail",
+    Verdict.TIMEOUT: "fail",
+    Verdict.STOPPED: "warn",
+    Verdict.INTERRUPTED: "warn",
+}
 
 
 @dataclass(frozen=True)
@@ -108,37 +130,23 @@ class Readiness:
         }
 
     def _repr_html_(self) -> str:
-        colour = {"READY": "#1a7f37", "CRASHED": "#cf222e"}.get(self.verdict.value, "#9a6700")
-        steps = " → ".join(f"{m.phase} ({m.t:.1f} s)" for m in self.timeline)
-        ev = "".join(f"{_esc(line)}\n" for line in self.evidence[-30:])
-        return (
-            f"<p><b style='color:{colour}'>{self.verdict.value}</b> after {self.elapsed_s:.1f} s: "
-            f"{_esc(self.reason)}</p><p>{_esc(steps)}</p>" + (f"<pre>{ev}</pre>" if ev else "")
+        from dsv4lab import htmlview as hv
+
+        state: hv.State = {"ok": "ok", "fail": "fail"}.get(VERDICT_STATE[self.verdict], "warn")  # type: ignore[assignment]
+        steps = " → ".join(f"{m.phase} ({m.t:.1f} s)" for m in self.timeline) or "no startup phase seen"
+        facts: list[tuple[str, object]] = [("why", self.reason), ("timeline", steps)]
+        if self.detected_after_s is not None and self.verdict is Verdict.CRASHED:
+            facts.append(("detected", f"{self.detected_after_s:.2f} s after the first fatal sign"))
+        if self.exit_status is not None:
+            facts.append(("exit status", self.exit_status))
+        body = hv.kv_table(facts)
+        if self.evidence:
+            body += hv.fold(list(self.evidence), keep=15, summary="earlier evidence lines")
+        if self.diagnosis is not None and self.verdict is not Verdict.READY:
+            body += self.diagnosis._repr_html_()
+        return hv.card(
+            "server readiness", body, state=state, status=f"{self.verdict.value} after {self.elapsed_s:.1f} s"
         )
-
-
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-class _Progress:
-    """tqdm.auto bar (terminal or notebook) showing the phase and the elapsed time."""
-
-    def __init__(self, enabled: bool, desc: str) -> None:
-        self._bar: Any = None
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=None, desc=desc, bar_format="{desc} {elapsed}", leave=True)
-
-    def update(self, phase: str) -> None:
-        if self._bar is not None:
-            self._bar.set_description_str(phase, refresh=False)
-            self._bar.refresh()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 def _http_ok(url: str, timeout_s: float) -> bool:
@@ -147,6 +155,25 @@ def _http_ok(url: str, timeout_s: float) -> bool:
             return int(resp.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def stop_soon(handle: ServerHandle, *, grace_s: float = 5.0, wait_s: float = 0.8) -> KillReport | None:
+    """Stop ``handle``'s process tree, giving the caller control back after ``wait_s`` at most.
+
+    After the user's Stop the cell must return within about a second, but a real server may take longer
+    than that to end on SIGTERM: the stop carries on in a (non-daemon) thread, so a script still waits for
+    it before exiting, while the notebook is free at once.
+    """
+    box: list[KillReport] = []
+
+    def stop() -> None:
+        with contextlib.suppress(Exception):
+            box.append(handle.stop(grace_s=grace_s))
+
+    worker = threading.Thread(target=stop, name="dsv4lab-stop", daemon=False)
+    worker.start()
+    worker.join(wait_s)
+    return box[0] if box else None
 
 
 def wait_ready(
@@ -161,50 +188,120 @@ def wait_ready(
     reconnect_max_s: float = 30.0,
     exit_status_wait_s: float = 1.0,
     keep_running: bool = False,
-    progress: bool = True,
+    progress: bool | Progress = True,
+    hardware: str | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> Readiness:
     """Follow the log, liveness and health of ``handle`` until READY, CRASHED, STALLED or TIMEOUT.
 
     A fatal log line (an OOM, ``Scheduler hit an exception``, SGLang's own ``kill_process_tree``...) or a
-    dead process ends the wait at once; ``dying_grace_s`` only lets the rest of a traceback arrive. An
-    interrupt (Ctrl-C, notebook stop) stops the server unless ``keep_running``, then propagates.
+    dead process ends the wait at once; ``dying_grace_s`` only lets the rest of a traceback arrive. A ready
+    line counts only while the process lives, so re-attaching to an old run dir reports the server *now*.
+    The user's Stop (Ctrl-C) stops the server unless ``keep_running`` and raises
+    :class:`~dsv4lab.errors.Interrupted` carrying the readiness seen so far (verdict INTERRUPTED).
+    ``hardware`` names the profile for the crash diagnosis's memory model (default: the twin's, or guessed
+    from the log).
     """
-    host = handle.host
-    start = time.monotonic()
-    lines: deque[str] = deque(maxlen=_KEEP_LINES)
-    timeline: list[PhaseMark] = []
-    last_phase: str | None = None
-    last_line_at = start
-    next_liveness = start
-    next_health = start + health_every_s
-    fatal_at: float | None = None
-    definitive_at: float | None = None
-    fatal_lines: list[str] = []
-    ready_at: float | None = None
-    server_pid: int | None = None
-    follower: Follower | None = None
-    forward: PortForward | None = None
-    offset = 0
-    bar = _Progress(progress, "starting")
+    w = _Watch(handle, hardware, keep_running)
+    bar = (
+        progress
+        if isinstance(progress, Progress)
+        else Progress(f"{handle.target} on {handle.host.name}", enabled=progress)
+    )
+    w.bar = bar
+    try:
+        result = w.run(
+            timeout_s=timeout_s,
+            stall_after_s=stall_after_s,
+            liveness_every_s=liveness_every_s,
+            health_every_s=health_every_s,
+            http_timeout_s=http_timeout_s,
+            dying_grace_s=dying_grace_s,
+            reconnect_max_s=reconnect_max_s,
+            exit_status_wait_s=exit_status_wait_s,
+            on_line=on_line,
+        )
+    except KeyboardInterrupt:
+        partial = w.finish(Verdict.INTERRUPTED, "the user stopped the watch", None, None)
+        if not keep_running:
+            stop_soon(handle)
+            partial = dataclasses.replace(partial, reason=partial.reason + "; the server was stopped")
+        bar.finish(f"INTERRUPTED ({partial.last_phase or 'no phase seen'})", "warn")
+        raise Interrupted("wait_ready stopped by the user", partial) from None
+    finally:
+        w.close()
+    bar.finish(f"{result.verdict.value} after {result.elapsed_s:.1f} s", VERDICT_STATE[result.verdict])
+    return result
 
-    def mark(phase: str) -> None:
+
+class _Watch:
+    """The state of one watch: what has been seen, and the connections to close."""
+
+    def __init__(self, handle: ServerHandle, hardware: str | None, keep_running: bool) -> None:
+        self.handle = handle
+        self.hardware = hardware or str(handle.extra.get("twin_env", {}).get("DSV4LAB_TWIN_HARDWARE") or "") or None
+        self.keep_running = keep_running
+        self.start = time.monotonic()
+        self.head: list[str] = []  # the first lines hold server_args, which the diagnosis's memory model needs
+        self.lines: deque[str] = deque(maxlen=_KEEP_LINES)
+        self.timeline: list[PhaseMark] = []
+        self.last_phase: str | None = None
+        self.fatal_lines: list[str] = []
+        self.follower: Follower | None = None
+        self.forward: PortForward | None = None
+        self.offset = 0
+        self.count = 0  # lines read in all
+        self.bar: Progress | None = None
+
+    def close(self) -> None:
+        if self.follower is not None:
+            with contextlib.suppress(Exception):
+                self.follower.close()
+        if self.forward is not None:
+            self.forward.close()
+
+    def mark(self, phase: str) -> None:
         # Ranks interleave their lines: a phase counts once, when the first rank reaches it.
-        nonlocal last_phase
-        if all(m.phase != phase for m in timeline):
-            last_phase = phase
-            timeline.append(PhaseMark(phase, time.monotonic() - start))
-            bar.update(phase)
+        if all(m.phase != phase for m in self.timeline):
+            self.last_phase = phase
+            self.timeline.append(PhaseMark(phase, time.monotonic() - self.start))
+            if self.bar is not None:
+                self.bar.update(phase)
 
-    def finish(verdict: Verdict, reason: str, detected_from: float | None, exit_status: int | None) -> Readiness:
+    def add(self, text: str) -> LineKind:
+        self.count += 1
+        if len(self.head) < _HEAD_LINES:
+            self.head.append(text)
+        self.lines.append(text)
+        kind = classify_line(text)
+        if _is_fatal(kind):
+            self.fatal_lines.append(text)
+        return kind
+
+    def all_lines(self) -> list[str]:
+        """Head and tail of what was read, without the overlap."""
+        if self.count <= len(self.lines):
+            return list(self.lines)
+        return [*self.head, "[... lines skipped ...]", *self.lines]
+
+    def diagnose(self) -> Diagnosis:
+        from dsv4lab.diagnosis import diagnose_with_model
+
+        lines = self.all_lines()
+        try:
+            return diagnose_with_model(lines, hardware=self.hardware, sglang_version=self.handle.sglang_version)
+        except Exception:  # the model is a bonus; the log reading alone must still come back
+            return diagnose(lines)
+
+    def finish(self, verdict: Verdict, reason: str, detected_from: float | None, exit_status: int | None) -> Readiness:
         now = time.monotonic()
         diag: Diagnosis | None = None
         evidence: tuple[str, ...] = ()
-        if verdict is not Verdict.READY and lines:
-            diag = diagnose(list(lines))
+        if verdict not in (Verdict.READY, Verdict.INTERRUPTED) and self.lines:
+            diag = self.diagnose()
             # With no error block to show, the last lines the server (or its launch script) wrote are
             # the evidence: a missing env file or a bash error explains a silent exit.
-            evidence = tuple(diag.evidence) or tuple(fatal_lines[-40:]) or tuple(list(lines)[-20:])
+            evidence = tuple(diag.evidence) or tuple(self.fatal_lines[-40:]) or tuple(list(self.lines)[-20:])
             if verdict is Verdict.CRASHED and diag.cause:
                 reason = f"{reason} {diag.cause}".strip()
         return Readiness(
@@ -212,26 +309,26 @@ def wait_ready(
             reason,
             evidence,
             exit_status,
-            tuple(timeline),
-            now - start,
+            tuple(self.timeline),
+            now - self.start,
             None if detected_from is None else now - detected_from,
-            last_phase,
+            self.last_phase,
             diag,
         )
 
-    def connect() -> None:
-        nonlocal follower
+    def connect(self, reconnect_max_s: float) -> None:
+        host = self.handle.host
         delay = 0.25
         give_up = time.monotonic() + reconnect_max_s
         while True:
             try:
                 reconnect = getattr(host, "connect", None)
-                if follower is not None:
+                if self.follower is not None:
                     with contextlib.suppress(Exception):
-                        follower.close()
+                        self.follower.close()
                     if callable(reconnect):
                         reconnect()
-                follower = host.follow(handle.log_path, offset)
+                self.follower = host.follow(self.handle.log_path, self.offset)
                 return
             except HostConnectionError:
                 if time.monotonic() + delay > give_up:
@@ -239,110 +336,147 @@ def wait_ready(
                 time.sleep(delay)
                 delay = min(delay * 2, 4.0)
 
-    try:
-        connect()
+    def alive(self, server_pid: int | None) -> bool:
+        h = self.handle
+        return h.host.is_alive(h.launcher_pid) and (server_pid is None or h.host.is_alive(server_pid))
+
+    def death(self, status: int | None) -> str:
+        """Say how the server ended, from the exit status, the stop marker and what it logged."""
+        h = self.handle
+        if not self.fatal_lines and h.stopped_on_purpose():  # a server that logged its death was not stopped
+            return "stopped"
+        died = "the server process has exited" + (f" with status {status}" if status is not None else "")
+        logged_cause = False
+        if not self.fatal_lines and self.lines:
+            d = diagnose(list(self.lines))
+            logged_cause = d.outcome in (Outcome.CRASH, Outcome.OOM) and bool(d.cause)
+        if not self.lines and h.host.read_text(h.log_path) is None:
+            return (
+                "the launch script exited before the server wrote its log "
+                f"(no {h.log_path}; launcher exit status {status})"
+            )
+        if status == 137 and not self.fatal_lines and not logged_cause:
+            return died + " (SIGKILL, and it logged no error: killed from outside, e.g. the OOM killer)"
+        if not self.fatal_lines and not logged_cause:
+            return died + " without logging an error"
+        return died
+
+    def run(
+        self,
+        *,
+        timeout_s: float,
+        stall_after_s: float,
+        liveness_every_s: float,
+        health_every_s: float,
+        http_timeout_s: float,
+        dying_grace_s: float,
+        reconnect_max_s: float,
+        exit_status_wait_s: float,
+        on_line: Callable[[str], None] | None,
+    ) -> Readiness:
+        h = self.handle
+        host = h.host
+        start = self.start
+        last_line_at = start
+        next_liveness = start
+        next_health = start + health_every_s
+        fatal_at: float | None = None
+        definitive_at: float | None = None
+        ready_at: float | None = None
+        server_pid: int | None = None
+        self.connect(reconnect_max_s)
         while True:
             now = time.monotonic()
             if now - start > timeout_s:
-                return finish(
+                return self.finish(
                     Verdict.TIMEOUT,
-                    f"not ready after {timeout_s:.0f} s (last phase: {last_phase or 'none seen'})",
+                    f"not ready after {timeout_s:.0f} s (last phase: {self.last_phase or 'none seen'})",
                     None,
                     None,
                 )
             try:
-                assert follower is not None
-                new = follower.poll(0.05 if fatal_at else 0.2)
-                offset = follower.resume_offset
+                assert self.follower is not None
+                new = self.follower.poll(0.05 if fatal_at else 0.2)
+                self.offset = self.follower.resume_offset
                 for item in new:
                     text = item.text
-                    lines.append(text)
+                    kind = self.add(text)
                     last_line_at = time.monotonic()
                     if on_line is not None:
                         on_line(text)
-                    kind = classify_line(text)
                     label = _PHASE_LABEL.get(kind)
                     if label is not None:
-                        mark(label)
+                        self.mark(label)
                     if kind is LineKind.READY and ready_at is None:
                         ready_at = time.monotonic()
                     elif _is_fatal(kind):
-                        fatal_lines.append(text)
                         if fatal_at is None:
                             fatal_at = time.monotonic()
                         if definitive_at is None and _is_definitive(text):
                             definitive_at = time.monotonic()
-                if ready_at is not None and fatal_at is None:
-                    mark("ready")
-                    return finish(Verdict.READY, "the server logged that it is ready", ready_at, None)
                 now = time.monotonic()
-                if now >= next_liveness or fatal_at is not None:
+                check_now = now >= next_liveness or fatal_at is not None or (ready_at is not None and fatal_at is None)
+                if check_now:
                     next_liveness = now + liveness_every_s
                     if server_pid is None:
-                        server_pid = handle.server_pid()
-                    alive = host.is_alive(handle.launcher_pid) and (server_pid is None or host.is_alive(server_pid))
-                    if not alive:
+                        server_pid = h.server_pid()
+                    if not self.alive(server_pid):
                         # Read what the dying process wrote after our last poll before judging.
-                        for item in follower.poll(0.1):
-                            lines.append(item.text)
-                            if _is_fatal(classify_line(item.text)):
-                                fatal_lines.append(item.text)
+                        for item in self.follower.poll(0.1):
+                            self.add(item.text)
                         # The launch script writes the exit status just after the server dies: give it a
                         # moment, or a fast watcher reports "exited" without the status.
-                        status = handle.exit_status()
+                        status = h.exit_status()
                         settle = time.monotonic() + exit_status_wait_s
                         while status is None and time.monotonic() < settle:
                             time.sleep(0.05)
-                            status = handle.exit_status()
-                        died = "the server process has exited" + (
-                            f" with status {status}" if status is not None else ""
-                        )
-                        if not lines and handle.host.read_text(handle.log_path) is None:
-                            died = (
-                                "the launch script exited before the server wrote its log "
-                                f"(no {handle.log_path}; launcher exit status {status})"
+                            status = h.exit_status()
+                        why = self.death(status)
+                        if why == "stopped":
+                            return self.finish(
+                                Verdict.STOPPED,
+                                f"the server was stopped on purpose and is not running (exit status {status})",
+                                None,
+                                status,
                             )
-                        elif status == 137 and not fatal_lines:
-                            died += " (SIGKILL, and it logged no error: killed from outside, e.g. the OOM killer)"
-                        elif not fatal_lines:
-                            died += " without logging an error"
-                        return finish(Verdict.CRASHED, died + ".", fatal_at or now, status)
+                        return self.finish(Verdict.CRASHED, why + ".", fatal_at or now, status)
+                    if ready_at is not None and fatal_at is None:
+                        self.mark("ready")
+                        return self.finish(
+                            Verdict.READY, "the server logged that it is ready, and it runs", ready_at, None
+                        )
                     if definitive_at is not None and now - definitive_at > dying_grace_s:
-                        return finish(
-                            Verdict.CRASHED, "the server logged a fatal error.", fatal_at, handle.exit_status()
+                        return self.finish(
+                            Verdict.CRASHED, "the server logged a fatal error.", fatal_at, h.exit_status()
                         )
                 if fatal_at is None and now >= next_health:
                     next_health = now + health_every_s
-                    if forward is None:
-                        forward = host.forward(handle.port)
-                    if _http_ok(f"{forward.url}/health", http_timeout_s):
-                        mark("ready")
-                        return finish(Verdict.READY, "GET /health answered 200", now, None)
+                    if self.forward is None:
+                        self.forward = host.forward(h.port)
+                    if _http_ok(f"{self.forward.url}/health", http_timeout_s):
+                        self.mark("ready")
+                        return self.finish(Verdict.READY, "GET /health answered 200", now, None)
                 if fatal_at is None and now - last_line_at > stall_after_s:
-                    return finish(
+                    return self.finish(
                         Verdict.STALLED,
                         f"the server is alive but wrote nothing for {now - last_line_at:.0f} s "
-                        f"(last phase: {last_phase or 'none seen'})",
+                        f"(last phase: {self.last_phase or 'none seen'})",
                         last_line_at,
                         None,
                     )
             except HostConnectionError:
-                connect()  # resumes at `offset`; a dropped connection is not a verdict
-    except KeyboardInterrupt:
-        if not keep_running:
-            with contextlib.suppress(Exception):
-                handle.stop(grace_s=5.0)
-        raise
-    finally:
-        bar.close()
-        if follower is not None:
-            with contextlib.suppress(Exception):
-                follower.close()
-        if forward is not None:
-            forward.close()
+                self.connect(reconnect_max_s)  # resumes at `offset`; a dropped connection is not a verdict
 
 
-def wait_ready_all(handles: Sequence[ServerHandle], timeout_s: float = 900.0, **options: Any) -> Readiness:
+def wait_ready_all(
+    handles: Sequence[ServerHandle],
+    timeout_s: float = 900.0,
+    *,
+    stall_after_s: float = 300.0,
+    keep_running: bool = False,
+    hardware: str | None = None,
+    progress: bool = True,
+) -> Readiness:
     """One verdict for a multi-node server, watching every node at once.
 
     The first node that is not READY decides (a crash on node 1 must not wait behind node 0's timeout:
@@ -350,17 +484,35 @@ def wait_ready_all(handles: Sequence[ServerHandle], timeout_s: float = 900.0, **
     """
     import concurrent.futures
 
-    options = {**options, "progress": False} if len(handles) > 1 else options
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(handles))) as pool:
-        futures = {pool.submit(wait_ready, h, timeout_s, **options): i for i, h in enumerate(handles)}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(handles)))
+    try:
+        futures = {
+            pool.submit(
+                wait_ready,
+                h,
+                timeout_s,
+                stall_after_s=stall_after_s,
+                keep_running=True,  # the nodes are stopped together below, never one by one
+                progress=progress and len(handles) == 1,  # progress draws from the caller's thread only
+                hardware=hardware,
+            ): i
+            for i, h in enumerate(handles)
+        }
         results: dict[int, Readiness] = {}
         for future in concurrent.futures.as_completed(futures):
             result = future.result()
             results[futures[future]] = result
             if not result.ready:
-                for h in handles:  # end the other watches: stop the whole multi-node server
-                    with contextlib.suppress(Exception):
-                        if not options.get("keep_running", False):
+                if not keep_running:
+                    for h in handles:  # end the other watches: stop the whole multi-node server
+                        with contextlib.suppress(Exception):
                             h.stop(grace_s=5.0)
                 return result
+    except KeyboardInterrupt:
+        if not keep_running:
+            for h in handles:
+                stop_soon(h)
+        raise Interrupted("wait_ready_all stopped by the user", None) from None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return results[0]

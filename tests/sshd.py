@@ -83,7 +83,8 @@ def _keygen(path: Path) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def start_sshd(directory: Path) -> Iterator[SSHD]:
+def start_sshd(directory: Path, *, sftp: bool = True) -> Iterator[SSHD]:
+    """Start sshd; ``sftp=False`` leaves out the sftp subsystem, as hardened GPU images often do."""
     binary = sshd_binary()
     assert binary is not None
     directory.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ def start_sshd(directory: Path) -> Iterator[SSHD]:
                 "StrictModes no",
                 "UsePAM no",
                 "AllowTcpForwarding yes",
-                "Subsystem sftp internal-sftp",
+                "Subsystem sftp internal-sftp" if sftp else "",
                 "MaxSessions 64",
                 "MaxStartups 64",
                 "LogLevel ERROR",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dsv4lab.bench import BenchResult, ClientOptions, LoadSpec, random_workload, run_async, sweep_async
+from dsv4lab.bench import BenchResult, BenchRuns, ClientOptions, LoadSpec, random_workload, run_async, sweep_async
 from dsv4lab.bench.client import API
 from tests.test_bench_fakeserver import FakeServer, ServerBehaviour, fake_server
 
@@ -119,7 +119,7 @@ def test_stream_cut_without_done_is_incomplete() -> None:
 
 
 def test_sweep_runs_every_level_and_repeat() -> None:
-    async def go() -> list[BenchResult]:
+    async def go() -> BenchRuns:
         server = await fake_server(ServerBehaviour(ttft_s=0.005, itl_s=0.001))
         try:
             wl = random_workload(8, 8, 4, seed=2)

@@ -10,7 +10,16 @@ import sys
 import time
 from pathlib import Path
 
-from dsv4lab.bench import BenchResult, ClientOptions, LoadSpec, ResultStore, random_workload, run_async, sweep_async
+from dsv4lab.bench import (
+    BenchResult,
+    BenchRuns,
+    ClientOptions,
+    LoadSpec,
+    ResultStore,
+    random_workload,
+    run_async,
+    sweep_async,
+)
 from tests.test_bench_fakeserver import ServerBehaviour, fake_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +86,7 @@ def test_sigkilled_server_process_stops_a_sweep() -> None:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
 
-        async def go() -> tuple[list[BenchResult], float]:
+        async def go() -> tuple[BenchRuns, float]:
             wl = random_workload(30, 8, 300, seed=1)
             task = asyncio.create_task(
                 sweep_async(f"http://127.0.0.1:{port}", wl, [1, 16], load=LoadSpec(warmup=0), progress=False)

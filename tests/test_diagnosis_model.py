@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.calibrate import calibrate, config_from_server_args, hardware_for_total
+from dsv4lab.calibration import calibrate, config_from_server_args, hardware_for_total
 from dsv4lab.diagnosis import diagnose_with_model
 from dsv4lab.hardware import model_profile
 from dsv4lab.hosts import LocalHost

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from dsv4lab.config import ServerConfig
+from dsv4lab.errors import HostSetupError
 from dsv4lab.hosts import Host, LocalHost, SSHHost
 from dsv4lab.launch import LaunchError, ServerHandle, StaleServerError, attach, launch, launch_nodes
 from dsv4lab.presets import config_a, config_b, config_b_fixed
@@ -67,8 +68,10 @@ def handles() -> Iterator[list[ServerHandle]]:
 # -- the story on the local host ------------------------------------------------------------------------------
 
 
-def test_config_a_is_ready_with_a_timeline_and_stops_cleanly(tmp_path: Path, handles: list[ServerHandle]) -> None:
-    config = config_a().replace(port=free_port())
+def test_config_a_is_ready_with_a_timeline_and_stops_cleanly(
+    tmp_path: Path, handles: list[ServerHandle], tuned_kernel_dir: str
+) -> None:
+    config = config_a().replace(port=free_port(), kernel_config_dir=tuned_kernel_dir)
     h = launch(LocalHost(), config, str(tmp_path / "a"), target="twin", twin_env=twin_env())
     handles.append(h)
     r = wait_ready(h, 120, progress=False)
@@ -86,9 +89,15 @@ def test_config_a_is_ready_with_a_timeline_and_stops_cleanly(tmp_path: Path, han
     _assert_no_orphans(pids, h.run_dir)
 
 
-def test_config_b_crash_is_detected_within_a_second(tmp_path: Path, handles: list[ServerHandle]) -> None:
+def test_config_b_crash_is_detected_within_a_second(
+    tmp_path: Path, handles: list[ServerHandle], tuned_kernel_dir: str
+) -> None:
     h = launch(
-        LocalHost(), config_b().replace(port=free_port()), str(tmp_path / "b"), target="twin", twin_env=twin_env()
+        LocalHost(),
+        config_b().replace(port=free_port(), kernel_config_dir=tuned_kernel_dir),
+        str(tmp_path / "b"),
+        target="twin",
+        twin_env=twin_env(),
     )
     handles.append(h)
     r = wait_ready(h, 120, progress=False)
@@ -103,10 +112,10 @@ def test_config_b_crash_is_detected_within_a_second(tmp_path: Path, handles: lis
     assert json.loads(json.dumps(r.to_dict()))["verdict"] == "CRASHED"
 
 
-def test_config_b_fixed_starts(tmp_path: Path, handles: list[ServerHandle]) -> None:
+def test_config_b_fixed_starts(tmp_path: Path, handles: list[ServerHandle], tuned_kernel_dir: str) -> None:
     h = launch(
         LocalHost(),
-        config_b_fixed().replace(port=free_port()),
+        config_b_fixed().replace(port=free_port(), kernel_config_dir=tuned_kernel_dir),
         str(tmp_path / "bf"),
         target="twin",
         twin_env=twin_env(),
@@ -247,11 +256,11 @@ def _ssh(sshd: SSHD) -> SSHHost:
     return sshd.connect()
 
 
-def test_story_crash_over_ssh(sshd: SSHD, tmp_path: Path, handles: list[ServerHandle]) -> None:
+def test_story_crash_over_ssh(sshd: SSHD, tmp_path: Path, handles: list[ServerHandle], tuned_kernel_dir: str) -> None:
     host = _ssh(sshd)
     h = launch(
         host,
-        config_b().replace(port=free_port()),
+        config_b().replace(port=free_port(), kernel_config_dir=tuned_kernel_dir),
         str(tmp_path / "ssh-b"),
         target="twin",
         python=sys.executable,
@@ -288,7 +297,7 @@ def test_dropped_ssh_connection_is_not_a_crash(sshd: SSHD, tmp_path: Path, handl
     host.close()
 
 
-def test_cli_launch_watch_stop(tmp_path: Path) -> None:
+def test_cli_launch_watch_stop(tmp_path: Path, tuned_kernel_dir: str) -> None:
     run_dir = str(tmp_path / "cli")
     env = {**os.environ, "DSV4LAB_TWIN_TIME_SCALE": SCALE}
     port = str(free_port())
@@ -304,7 +313,18 @@ def test_cli_launch_watch_stop(tmp_path: Path) -> None:
         )
 
     out = cli(
-        "launch", "--preset", "config_b", "--set", f"port={port}", "--twin", "--time-scale", SCALE, "--run-dir", run_dir
+        "launch",
+        "--preset",
+        "config_b",
+        "--set",
+        f"port={port}",
+        "--set",
+        f"kernel_config_dir={tuned_kernel_dir}",
+        "--twin",
+        "--time-scale",
+        SCALE,
+        "--run-dir",
+        run_dir,
     )
     assert out.returncode == 0, out.stderr
     watched = cli("watch", run_dir, "--json", "--timeout", "60")
@@ -372,9 +392,16 @@ def test_absolute_paths_over_ssh(sshd: SSHD) -> None:
     host.close()
 
 
+def test_missing_env_file_is_refused_before_launch(tmp_path: Path) -> None:
+    config = tiny(free_port()).replace(env_files=(str(tmp_path / "missing.sh"),))
+    with pytest.raises(HostSetupError, match=r"env file .*missing\.sh.* does not exist"):
+        launch(LocalHost(), config, str(tmp_path / "x"), target="twin", twin_env=twin_env())
+    assert not (tmp_path / "x" / "launch.sh").exists()  # nothing was started
+
+
 def test_launcher_that_dies_before_the_log_is_explained(tmp_path: Path, handles: list[ServerHandle]) -> None:
     config = tiny(free_port()).replace(env_files=(str(tmp_path / "missing.sh"),))
-    h = launch(LocalHost(), config, str(tmp_path / "x"), target="twin", twin_env=twin_env())
+    h = launch(LocalHost(), config, str(tmp_path / "x"), target="twin", twin_env=twin_env(), check=False)
     handles.append(h)
     r = wait_ready(h, 30, progress=False)
     assert r.verdict is Verdict.CRASHED

@@ -10,7 +10,7 @@ result storage with provenance, and A/B verdicts with confidence intervals.
 ``runner``                a run, a concurrency sweep, the server-death watch
 ``results``, ``store``    BenchResult with provenance; the append-only JSONL store
 ``remote``                SGLang's bench_serving on the server host, parsed into a BenchResult
-``compare``, ``ab``       Welch CIs and verdicts; interleaved A/B runs
+``stats``, ``ab``         Welch CIs and verdicts; interleaved A/B runs
 ``cli``                   ``dsv4lab bench``
 ========================  =========================================================================
 
@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from dsv4lab.bench.ab import ABRuns, ab_schedule, run_ab, run_ab_async
 from dsv4lab.bench.client import ClientOptions
-from dsv4lab.bench.compare import ABComparison, ABLevel, compare, t_quantile, verdict_for, welch
-from dsv4lab.bench.errors import BenchError, RemoteBenchError
 from dsv4lab.bench.metrics import SLO, Distribution, RequestRecord, Summary, summarize
 from dsv4lab.bench.remote import parse_jsonl, parse_stdout, run_remote
-from dsv4lab.bench.results import BenchResult, Provenance
+from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance
 from dsv4lab.bench.runner import run, run_async, sweep, sweep_async
+from dsv4lab.bench.stats import ABComparison, ABLevel, compare, t_quantile, verdict_for, welch
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import (
     LoadSpec,
@@ -40,6 +39,7 @@ from dsv4lab.bench.workload import (
     shared_prefix_workload,
     sharegpt_workload,
 )
+from dsv4lab.errors import BenchError, RemoteBenchError
 
 __all__ = [
     "SLO",
@@ -48,6 +48,7 @@ __all__ = [
     "ABRuns",
     "BenchError",
     "BenchResult",
+    "BenchRuns",
     "ClientOptions",
     "Distribution",
     "LoadSpec",

@@ -4,21 +4,26 @@ Servers and hosts drift (thermal state, other tenants, a cache warming up). Runn
 of B turns drift into a fake difference; alternating A, B, A, B at each concurrency spreads it over both
 arms. When only one server fits at a time (one GPU host, two configs) interleaving would need a restart
 per run, so the sequential order is used: run :func:`~dsv4lab.bench.runner.sweep` on A, relaunch as B, sweep
-again, and pass both lists to :func:`~dsv4lab.bench.compare.compare`.
+again, and pass both lists to :func:`~dsv4lab.bench.stats.compare`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from dsv4lab.bench.compare import MIN_REPEATS, ABComparison, compare
-from dsv4lab.bench.errors import BenchError
-from dsv4lab.bench.results import BenchResult
-from dsv4lab.bench.runner import run_async, run_sync
+import pandas as pd
+
+from dsv4lab.bench.client import ClientOptions
+from dsv4lab.bench.results import BenchResult, BenchRuns
+from dsv4lab.bench.runner import _levels, run_async, run_sync
+from dsv4lab.bench.stats import MIN_REPEATS, ABComparison, compare
+from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, Workload
+from dsv4lab.errors import BenchError, Interrupted
+from dsv4lab.progress import Progress
 
 __all__ = ["ABRuns", "ab_schedule", "run_ab", "run_ab_async"]
 
@@ -34,44 +39,174 @@ def ab_schedule(concurrencies: Sequence[int], repeats: int, *, interleave: bool 
 
 @dataclass(frozen=True)
 class ABRuns:
-    """The runs of both arms, in the order they were made."""
+    """The runs of both arms, in the order they were made (``partial`` when a server died or Stop was hit)."""
 
     a: tuple[BenchResult, ...]
     b: tuple[BenchResult, ...]
+    label_a: str = "A"
+    label_b: str = "B"
 
-    def compare(self, **kwargs: Any) -> ABComparison:
-        return compare(self.a, self.b, **kwargs)
+    @property
+    def partial(self) -> bool:
+        return any(r.partial for r in (*self.a, *self.b))
+
+    def compare(
+        self,
+        *,
+        metric: str = "output_throughput",
+        higher_is_better: bool | None = None,
+        confidence: float = 0.95,
+        min_repeats: int = MIN_REPEATS,
+        allow_partial: bool = False,
+    ) -> ABComparison:
+        """B against A per concurrency level (Welch CI); see :func:`~dsv4lab.bench.stats.compare`."""
+        return compare(
+            self.a,
+            self.b,
+            metric=metric,
+            higher_is_better=higher_is_better,
+            confidence=confidence,
+            min_repeats=min_repeats,
+            allow_partial=allow_partial,
+            label_a=self.label_a,
+            label_b=self.label_b,
+        )
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per run, both arms, with an ``arm`` column (A or B) beside the flat metrics."""
+        rows = [{"arm": "A", **r.flat()} for r in self.a] + [{"arm": "B", **r.flat()} for r in self.b]
+        frame: pd.DataFrame = pd.DataFrame(rows)
+        return frame
+
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        try:
+            body = self.compare()._repr_html_()
+        except BenchError as exc:  # too few repeats, or a partial run: show the runs and why
+            body = hv.p(f"No verdict: {exc}")
+        runs = BenchRuns((*self.a, *self.b))._repr_html_()
+        return body + runs
 
 
 async def run_ab_async(
     url_a: str,
     url_b: str,
-    workload: Workload,
-    concurrencies: Sequence[int],
+    workload: Workload | Callable[[int], Workload],
+    concurrencies: Sequence[int] | int | str,
     *,
     repeats: int = MIN_REPEATS,
     interleave: bool = True,
     load: LoadSpec | None = None,
-    **kwargs: Any,
+    options: ClientOptions | None = None,
+    label_a: str = "A",
+    label_b: str = "B",
+    progress: bool | Progress = True,
+    on_server_death: Callable[[], object] | None = None,
+    store: ResultStore | str | None = None,
 ) -> ABRuns:
     """Run both arms with the same workload and load (same seeds), in :func:`ab_schedule` order.
 
-    Stops early if a server dies (its partial run is kept); ``kwargs`` go to
-    :func:`~dsv4lab.bench.runner.run_async` (``store``, ``options``, ``progress``, ``on_server_death``...).
+    ``workload`` may be a function of the concurrency level. Stops early if a server dies or the user
+    stops (the partial run is kept).
     """
+    reporter = progress if isinstance(progress, Progress) else Progress(f"A/B {label_b} vs {label_a}", enabled=progress)
+    runs: dict[Arm, list[BenchResult]] = {"A": [], "B": []}
+    arms = _Arms(url_a, url_b, label_a, label_b)
+    await _ab_into(
+        runs, arms, workload, concurrencies, repeats, interleave, load, options, reporter, on_server_death, store
+    )
+    out = ABRuns(tuple(runs["A"]), tuple(runs["B"]), label_a, label_b)
+    if not isinstance(progress, Progress):
+        _finish(reporter, out)
+    return out
+
+
+@dataclass(frozen=True)
+class _Arms:
+    url_a: str
+    url_b: str
+    label_a: str
+    label_b: str
+
+
+async def _ab_into(
+    runs: dict[Arm, list[BenchResult]],
+    arms: _Arms,
+    workload: Workload | Callable[[int], Workload],
+    concurrencies: Sequence[int] | int | str,
+    repeats: int,
+    interleave: bool,
+    load: LoadSpec | None,
+    options: ClientOptions | None,
+    reporter: Progress,
+    on_server_death: Callable[[], object] | None,
+    store: ResultStore | str | None,
+) -> None:
+    """The A/B runs, appended to ``runs`` as each ends, so a stopped A/B keeps them."""
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
     base = load or LoadSpec()
-    runs: dict[Arm, list[BenchResult]] = {"A": [], "B": []}
-    for arm, c, r in ab_schedule(concurrencies, repeats, interleave=interleave):
-        url = url_a if arm == "A" else url_b
-        result = await run_async(url, workload, dataclasses.replace(base, concurrency=c), repeat=r, label=arm, **kwargs)
+    plan = ab_schedule(_levels(concurrencies), repeats, interleave=interleave)
+    for i, (arm, c, r) in enumerate(plan, 1):
+        url, label = (arms.url_a, arms.label_a) if arm == "A" else (arms.url_b, arms.label_b)
+        reporter.update(f"run {i}/{len(plan)}: {label} c={c} repeat {r + 1}", fraction=0.0)
+        wl = workload(c) if callable(workload) else workload
+        result = await run_async(
+            url,
+            wl,
+            dataclasses.replace(base, concurrency=c),
+            options,
+            repeat=r,
+            label=label,
+            progress=reporter,
+            on_server_death=on_server_death,
+            store=store,
+        )
         runs[arm].append(result)
         if result.partial:
-            break
-    return ABRuns(tuple(runs["A"]), tuple(runs["B"]))
+            return
 
 
-def run_ab(url_a: str, url_b: str, workload: Workload, concurrencies: Sequence[int], **kwargs: Any) -> ABRuns:
-    """Blocking :func:`run_ab_async` (works in a notebook cell too)."""
-    return run_sync(run_ab_async(url_a, url_b, workload, concurrencies, **kwargs))
+def _finish(reporter: Progress, runs: ABRuns) -> None:
+    if runs.partial:
+        reporter.finish(f"stopped early after {len(runs.a) + len(runs.b)} runs", "fail")
+    else:
+        reporter.finish(f"done: {len(runs.a) + len(runs.b)} runs", "ok")
+
+
+def run_ab(
+    url_a: str,
+    url_b: str,
+    workload: Workload | Callable[[int], Workload],
+    concurrencies: Sequence[int] | int | str,
+    *,
+    repeats: int = MIN_REPEATS,
+    interleave: bool = True,
+    load: LoadSpec | None = None,
+    options: ClientOptions | None = None,
+    label_a: str = "A",
+    label_b: str = "B",
+    progress: bool = True,
+    on_server_death: Callable[[], object] | None = None,
+    store: ResultStore | str | None = None,
+) -> ABRuns:
+    """Blocking :func:`run_ab_async` (works in a notebook cell too); Stop keeps the runs made so far on
+    :class:`~dsv4lab.errors.Interrupted`'s ``partial``."""
+    reporter = Progress(f"A/B {label_b} vs {label_a}", enabled=progress)
+    collected: dict[Arm, list[BenchResult]] = {"A": [], "B": []}
+    arms = _Arms(url_a, url_b, label_a, label_b)
+    coro = _ab_into(
+        collected, arms, workload, concurrencies, repeats, interleave, load, options, reporter, on_server_death, store
+    )
+    try:
+        run_sync(coro, what="A/B benchmark", progress=reporter)
+    except KeyboardInterrupt as exc:
+        partial = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)
+        reporter.finish(f"stopped by the user after {len(partial.a) + len(partial.b)} runs", "fail")
+        reporter.tick()
+        raise Interrupted(str(exc) or "A/B benchmark stopped by the user", partial) from None
+    out = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)
+    _finish(reporter, out)
+    reporter.tick()
+    return out

@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dsv4lab.bench.errors import BenchError
 from dsv4lab.bench.httpstream import ConnectionPool, Endpoint, HTTPStreamError, build_post
 from dsv4lab.bench.metrics import RequestRecord, Status
 from dsv4lab.bench.sse import SSEParser
 from dsv4lab.bench.workload import RequestSpec
+from dsv4lab.errors import BenchError
 
 __all__ = ["API", "ENDPOINTS", "ClientOptions", "request_body", "send_request"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from dsv4lab.bench.errors import BenchError
+from dsv4lab.errors import BenchError
 
 __all__ = ["BodySink", "ConnectionPool", "Endpoint", "HTTPStreamError", "ServerClosedError"]
 

@@ -27,11 +27,11 @@ from typing import Any
 import pandas as pd
 
 from dsv4lab.bench.client import ClientOptions
-from dsv4lab.bench.errors import RemoteBenchError
 from dsv4lab.bench.metrics import Distribution, Summary
 from dsv4lab.bench.results import REQUEST_COLUMNS, BenchResult, Provenance, to_jsonable
 from dsv4lab.bench.serverinfo import engine_of, gpu_names
 from dsv4lab.bench.workload import LoadSpec, Workload
+from dsv4lab.errors import RemoteBenchError
 from dsv4lab.hosts import Host
 from dsv4lab.versions import resolve_release
 

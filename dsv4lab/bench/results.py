@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import html
 import math
 import platform
 import uuid
@@ -24,7 +23,7 @@ import pandas as pd
 from dsv4lab import __version__
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
 
-__all__ = ["BenchResult", "Provenance", "client_version", "records_frame", "to_jsonable"]
+__all__ = ["BenchResult", "BenchRuns", "Provenance", "client_version", "records_frame", "to_jsonable"]
 
 #: Columns of the per-request table, in order.
 REQUEST_COLUMNS = (
@@ -155,6 +154,73 @@ class BenchResult:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     #: ``time.perf_counter()`` at the run's origin (request times count from it); same-host timing checks only.
     origin_perf_s: float | None = None
+    #: The user stopped this run (Stop button, Ctrl-C); ``partial`` is set too.
+    interrupted: bool = False
+
+    @property
+    def time_scale(self) -> float | None:
+        """The twin's time scale when the server was the twin (durations there are scale x the modelled
+        hardware's, so measured tok/s x scale is the modelled hardware's); None for a real server."""
+        twin = self.provenance.server_info.get("twin")
+        if isinstance(twin, Mapping):
+            value = twin.get("time_scale")
+            if isinstance(value, (int, float)) and value > 0:
+                return float(value)
+        return None
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row of flat columns (the metrics a table or a chart wants), for ``pd.concat`` and plots.
+
+        On the twin, ``*_modelled`` columns beside the measured ones give the modelled hardware's figures
+        (throughputs x time scale, latencies / time scale) and ``clock`` says which is which.
+        """
+        frame: pd.DataFrame = pd.DataFrame([self.flat()])
+        return frame
+
+    def flat(self) -> dict[str, Any]:
+        """The row of :meth:`to_frame` as a dict."""
+        s = self.summary
+        row: dict[str, Any] = {
+            "label": self.label,
+            "concurrency": self.concurrency,
+            "request_rate": self.request_rate,
+            "repeat": self.repeat,
+            "partial": self.partial,
+            "interrupted": self.interrupted,
+            "completed": s.completed,
+            "failed": s.failed,
+            "incomplete": s.incomplete,
+            "not_sent": s.not_sent,
+            "duration_s": s.duration_s,
+            "request_throughput": s.request_throughput,
+            "input_throughput": s.input_throughput,
+            "output_throughput": s.output_throughput,
+            "peak_output_throughput": s.peak_output_throughput,
+            "total_output_tokens": s.total_output_tokens,
+        }
+        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
+            d: Distribution = getattr(s, name)
+            for stat in ("mean", "median", "p90", "p99"):
+                row[f"{name}_{stat}"] = getattr(d, stat)
+        row["accept_length"] = s.accept_length
+        scale = self.time_scale
+        row["clock"] = "twin (scaled)" if scale is not None else "real"
+        row["time_scale"] = scale
+        if scale is not None:
+            for name in ("request_throughput", "output_throughput", "peak_output_throughput"):
+                row[f"{name}_modelled"] = row[name] * scale
+            for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+                for stat in ("mean", "median", "p90", "p99"):
+                    row[f"{name}_{stat}_modelled"] = row[f"{name}_{stat}"] / scale
+        row.update(
+            engine=self.provenance.engine,
+            engine_version=self.provenance.engine_version,
+            backend=self.provenance.backend,
+            url=self.provenance.url,
+            abort_reason=self.abort_reason,
+            id=self.id,
+        )
+        return row
 
     # -- views ------------------------------------------------------------------------------------------
 
@@ -213,6 +279,7 @@ class BenchResult:
             "abort_reason": self.abort_reason,
             "diagnosis": to_jsonable(self.diagnosis),
             "origin_perf_s": self.origin_perf_s,
+            "interrupted": self.interrupted,
             "summary": self.summary.to_dict(),
             "provenance": self.provenance.to_dict(),
             "requests": requests,
@@ -238,6 +305,7 @@ class BenchResult:
             diagnosis=data.get("diagnosis"),
             id=str(data["id"]),
             origin_perf_s=data.get("origin_perf_s"),
+            interrupted=bool(data.get("interrupted", False)),
         )
 
     def __repr__(self) -> str:
@@ -250,48 +318,127 @@ class BenchResult:
         )
 
     def _repr_html_(self) -> str:
-        s = self.summary
-        p = self.provenance
-        esc = html.escape
+        return _result_html(self)
 
-        def num(x: float, digits: int = 2) -> str:
-            return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{digits}f}"
 
-        head = (
-            f"<p><b>{esc(self.label or 'benchmark')}</b> against <code>{esc(p.url)}</code> "
-            f"({esc(p.engine)} {esc(p.engine_version or '')}, {esc(p.api)} API, backend {esc(p.backend)}); "
-            f"concurrency {self.concurrency if self.concurrency is not None else 'unlimited'}"
-            f"{'' if math.isinf(self.request_rate) else f', {self.request_rate:g} req/s'}, repeat {self.repeat}</p>"
+def _result_html(r: BenchResult) -> str:
+    from dsv4lab import htmlview as hv
+
+    s, p = r.summary, r.provenance
+    scale = r.time_scale
+    where = f"{p.engine} {p.engine_version or ''}".strip()
+    c = r.concurrency if r.concurrency is not None else "unlimited"
+    rate = "" if math.isinf(r.request_rate) else f", {r.request_rate:g} req/s"
+    head = hv.p(f"against {p.url} ({where}, {p.api} API, client {p.backend}); concurrency {c}{rate}, repeat {r.repeat}")
+    warn = ""
+    if r.partial:
+        warn = hv.p(f"Partial result: {r.abort_reason or 'run aborted'}") + (
+            hv.p(f"Diagnosis: {r.diagnosis}") if r.diagnosis is not None else ""
         )
-        warn = ""
-        if self.partial:
-            warn = (
-                f"<p style='color:#b00'><b>Partial result:</b> {esc(self.abort_reason or 'run aborted')}"
-                + (f"<br>Diagnosis: {esc(str(self.diagnosis))}" if self.diagnosis is not None else "")
-                + "</p>"
+    tput: list[tuple[str, object]] = [
+        ("requests", f"{s.completed} ok, {s.failed} failed, {s.incomplete} incomplete, {s.not_sent} not sent"),
+        ("duration", f"{hv.fmt(s.duration_s)} s"),
+    ]
+    if scale is not None:
+        tput += [
+            ("output tok/s, modelled hardware", hv.fmt(s.output_throughput * scale)),
+            (f"output tok/s, measured on the twin (time scale {scale:g})", hv.fmt(s.output_throughput)),
+        ]
+    else:
+        tput.append(("output tok/s", hv.fmt(s.output_throughput)))
+    tput += [("request/s", hv.fmt(s.request_throughput, 3)), ("input tok/s", hv.fmt(s.input_throughput))]
+    if s.accept_length is not None:
+        tput.append(("speculative accept length", hv.fmt(s.accept_length)))
+    if s.goodput is not None:
+        tput.append(("goodput req/s", hv.fmt(s.goodput, 3)))
+    rows = []
+    for name, d in (
+        ("TTFT", s.ttft_ms),
+        ("TPOT", s.tpot_ms),
+        ("ITL", s.itl_ms),
+        ("E2E", s.e2e_ms),
+        ("queue", s.queue_ms),
+    ):
+        row: dict[str, object] = {
+            "ms": name,
+            "mean": d.mean,
+            "median": d.median,
+            "p90": d.p90,
+            "p99": d.p99,
+            "n": d.count,
+        }
+        rows.append(row)
+    note = (
+        hv.p("Latencies in ms as measured (twin clock); divide by the time scale for the modelled hardware.")
+        if scale
+        else ""
+    )
+    state: hv.State = "fail" if r.partial else "ok"
+    status = "PARTIAL" if r.partial else f"{s.output_throughput * (scale or 1):,.1f} tok/s"
+    return hv.card(
+        f"benchmark {r.label}".strip(),
+        head + warn + hv.kv_table(tput) + hv.table(rows) + note,
+        state=state,
+        status=status,
+    )
+
+
+class BenchRuns(Sequence[BenchResult]):
+    """Runs of one sweep or campaign step: a sequence of :class:`BenchResult` that tabulates and shows itself."""
+
+    def __init__(self, runs: Sequence[BenchResult] = ()) -> None:
+        self._runs: tuple[BenchResult, ...] = tuple(runs)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return BenchRuns(self._runs[index])
+        return self._runs[index]
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __add__(self, other: Sequence[BenchResult]) -> BenchRuns:
+        return BenchRuns((*self._runs, *other))
+
+    @property
+    def partial(self) -> bool:
+        """Whether any run ended early (the server died or the user stopped it)."""
+        return any(r.partial for r in self._runs)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per run, flat metric columns (see :meth:`BenchResult.to_frame`)."""
+        frame: pd.DataFrame = pd.DataFrame([r.flat() for r in self._runs])
+        return frame
+
+    def __repr__(self) -> str:
+        return f"BenchRuns({len(self)} runs" + (", partial" if self.partial else "") + ")"
+
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        if not self._runs:
+            return hv.card("benchmark runs", hv.p("no runs"), state="info")
+        scale = self._runs[0].time_scale
+        rows = []
+        for r in self._runs:
+            s = r.summary
+            row: dict[str, object] = {"label": r.label, "concurrency": r.concurrency, "repeat": r.repeat}
+            if scale is not None:
+                row["output tok/s (modelled hw)"] = s.output_throughput * scale
+                row["output tok/s (twin clock)"] = s.output_throughput
+            else:
+                row["output tok/s"] = s.output_throughput
+            row.update(
+                {
+                    "TTFT median ms": s.ttft_ms.median,
+                    "TPOT median ms": s.tpot_ms.median,
+                    "ok": f"{s.completed}/{s.total}",
+                    "status": "PARTIAL: " + (r.abort_reason or "") if r.partial else "ok",
+                }
             )
-        counts = (
-            f"<p>{s.completed} completed, {s.failed} failed, {s.incomplete} incomplete, {s.not_sent} not sent "
-            f"in {num(s.duration_s)} s. Throughput: {num(s.request_throughput, 3)} req/s, "
-            f"{num(s.output_throughput, 1)} output tok/s (peak {num(s.peak_output_throughput, 1)}), "
-            f"{num(s.input_throughput, 1)} input tok/s"
-            f"{'' if s.output_tokens_from_server else ' (output tokens counted from chunks: no usage from server)'}"
-            f"{'' if s.goodput is None else f'; goodput {num(s.goodput, 3)} req/s'}.</p>"
+            rows.append(row)
+        note = (
+            hv.p(f"Twin run at time scale {scale:g}: modelled-hardware tok/s = measured x {scale:g}.") if scale else ""
         )
-        rows = "".join(
-            f"<tr><th>{name}</th>"
-            + "".join(f"<td>{num(getattr(d, k))}</td>" for k in ("mean", "median", "p90", "p99", "std"))
-            + f"<td>{d.count}</td></tr>"
-            for name, d in (
-                ("TTFT (ms)", s.ttft_ms),
-                ("TPOT (ms)", s.tpot_ms),
-                ("ITL (ms)", s.itl_ms),
-                ("E2E (ms)", s.e2e_ms),
-                ("queue (ms)", s.queue_ms),
-            )
-        )
-        table = (
-            "<table><tr><th></th><th>mean</th><th>median</th><th>p90</th><th>p99</th><th>std</th><th>n</th></tr>"
-            f"{rows}</table>"
-        )
-        return head + warn + counts + table
+        state: hv.State = "fail" if self.partial else "ok"
+        return hv.card(f"{len(self)} benchmark runs", hv.table(rows) + note, state=state)

@@ -9,13 +9,16 @@ what was measured. Any connection-level failure (refused connect, reset, a strea
 triggers a connect probe of the server's port; a refused or timed-out probe — or three connection
 failures within two seconds — aborts the run: pending requests are not sent, in-flight streams are cut,
 and the result comes back ``partial`` with the caller's ``on_server_death()`` diagnosis attached.
+
+The user stopping a run (the notebook's Stop button, Ctrl-C) is handled the same way: in-flight streams
+are cut at once, what finished is kept, and the result comes back ``partial`` with ``interrupted`` set —
+the blocking wrappers hand it over on :class:`~dsv4lab.errors.Interrupted`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import gc
@@ -24,19 +27,19 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from tqdm.auto import tqdm
-
 from dsv4lab.bench.client import ClientOptions, prepare, send_request
-from dsv4lab.bench.errors import BenchError
 from dsv4lab.bench.httpstream import ConnectionPool, Endpoint
 from dsv4lab.bench.metrics import SLO, RequestRecord, summarize
-from dsv4lab.bench.results import BenchResult, Provenance, records_frame, to_jsonable
+from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, records_frame, to_jsonable
 from dsv4lab.bench.serverinfo import discover_model, engine_of, gpu_names, server_info
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times
+from dsv4lab.blocking import run_blocking
+from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.hosts import Host
+from dsv4lab.progress import Progress
 
-__all__ = ["DeathWatch", "run", "run_async", "run_sync", "sweep", "sweep_async"]
+__all__ = ["INTERRUPTED", "DeathWatch", "run", "run_async", "run_sync", "sweep", "sweep_async"]
 
 T = TypeVar("T")
 
@@ -46,6 +49,8 @@ DEATH_ERRORS, DEATH_WINDOW_S = 3, 2.0
 PROBE_TIMEOUT_S = 2.0
 #: After an abort, how long in-flight requests get to wind down before they are cancelled.
 ABORT_GRACE_S = 3.0
+#: The abort reason of a run the user stopped (Stop button, Ctrl-C).
+INTERRUPTED = "interrupted by the user"
 
 
 class DeathWatch:
@@ -123,6 +128,7 @@ class _Run:
         self.abort = asyncio.Event()
         self.abort_reason: str | None = None
         self.abort_time: float | None = None
+        self.interrupted = False
         self.watch = DeathWatch(endpoint, self._on_dead)
 
     def _on_dead(self, reason: str) -> None:
@@ -130,6 +136,12 @@ class _Run:
         self.abort_time = time.perf_counter()
         self.abort.set()
         self.pool.abort_all()
+
+    def interrupt(self) -> None:
+        """The user stopped the run: cut everything now (no grace), keep what finished."""
+        if not self.abort.is_set():
+            self.interrupted = True
+            self._on_dead(INTERRUPTED)
 
     async def _sleep_until(self, when: float) -> None:
         delay = when - time.perf_counter()
@@ -144,15 +156,21 @@ class _Run:
         schedule: Sequence[float],
         cap: int | None,
         origin: float,
-        bar: Any,
+        on_done: Callable[[int], None],
     ) -> list[RequestRecord]:
-        """Dispatch every request on its schedule under the cap; return one record per request."""
+        """Dispatch every request on its schedule under the cap; return one record per request.
+
+        A cancellation (the user's Stop) does not escape: it aborts the run, and the records of what was
+        done come back like after a server death.
+        """
         n = len(specs)
         records: list[RequestRecord | None] = [None] * n
         sem = asyncio.Semaphore(cap if cap is not None else max(n, 1))
         tasks: list[asyncio.Task[None]] = []
+        done = 0
 
         async def one(i: int) -> None:
+            nonlocal done
             try:
                 records[i] = await send_request(
                     self.pool,
@@ -165,43 +183,55 @@ class _Run:
                 )
             finally:
                 sem.release()
-                bar.update(1)
+                done += 1
+                on_done(done)
 
-        for i in range(n):
-            await self._sleep_until(origin + schedule[i])
-            if self.abort.is_set():
-                break
-            await sem.acquire()
-            await self.watch.settle()  # a failure is being probed: do not send into a server being found dead
-            if self.abort.is_set():
-                sem.release()
-                break
-            tasks.append(asyncio.get_running_loop().create_task(one(i)))
-        if tasks:
-            if self.abort.is_set():
-                _, pending = await asyncio.wait(tasks, timeout=ABORT_GRACE_S)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-            else:
-                await asyncio.gather(*tasks)
+        try:
+            for i in range(n):
+                await self._sleep_until(origin + schedule[i])
+                if self.abort.is_set():
+                    break
+                await sem.acquire()
+                await self.watch.settle()  # a failure is being probed: do not send into a server being found dead
+                if self.abort.is_set():
+                    sem.release()
+                    break
+                tasks.append(asyncio.get_running_loop().create_task(one(i)))
+            if tasks:
+                if self.abort.is_set():
+                    _, pending = await asyncio.wait(tasks, timeout=ABORT_GRACE_S)
+                    await _cancel_all(pending)
+                else:
+                    await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            self.interrupt()
+            await _cancel_all([t for t in tasks if not t.done()])
         now = time.perf_counter()
         out: list[RequestRecord] = []
         for i, rec in enumerate(records):
             if rec is None:
                 sent = i < len(tasks)
+                why = "stopped by the user" if self.interrupted else "the run was aborted"
                 rec = RequestRecord(
                     index=specs[i].index,
                     status="incomplete" if sent else "not_sent",
                     scheduled_s=schedule[i],
                     start_s=(now - origin) if sent else None,
                     prompt_tokens=specs[i].prompt_len,
-                    error="cancelled when the run was aborted" if sent else "not sent: the run was aborted",
+                    error=f"cancelled: {why}" if sent else f"not sent: {why}",
                 )
             elif self.abort.is_set() and rec.status != "ok" and not rec.error.startswith("run aborted"):
                 rec = dataclasses.replace(rec, error=f"run aborted ({self.abort_reason}); {rec.error}")
             out.append(rec)
         return out
+
+
+async def _cancel_all(tasks: Sequence[asyncio.Task[Any]] | set[asyncio.Task[Any]]) -> None:
+    """Cancel tasks and wait until they have ended (a cancelled stream closes its socket on the way out)."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _warmup_specs(workload: Workload, count: int) -> list[RequestSpec]:
@@ -229,7 +259,7 @@ async def run_async(
     slo: SLO | None = None,
     label: str = "",
     repeat: int = 0,
-    progress: bool = True,
+    progress: bool | Progress = True,
     on_server_death: Callable[[], object] | None = None,
     diagnosis_timeout_s: float = 60.0,
     host: Host | None = None,
@@ -243,12 +273,17 @@ async def run_async(
 
     ``host`` (the server's :class:`~dsv4lab.hosts.Host`) and ``config`` (its ServerConfig) only feed
     provenance; ``info``/``gpus`` skip the lookups when the caller already has them. With ``store`` the
-    result is appended to that run directory's result store.
+    result is appended to that run directory's result store. ``progress`` is a bool or a
+    :class:`~dsv4lab.progress.Progress` to report into (a sweep shares one). Cancelling the task (the
+    user's Stop) returns the partial result instead of raising.
     """
     load = load or LoadSpec()
     options = options or ClientOptions()
     endpoint = Endpoint.parse(url)
     base = endpoint.url
+    desc = f"{label + ' ' if label else ''}c={load.concurrency if load.concurrency is not None else 'inf'}"
+    own_progress = not isinstance(progress, Progress)
+    reporter = progress if isinstance(progress, Progress) else Progress(f"bench {desc}", enabled=progress)
     if info is None:
         info = await server_info(base, timeout_s=info_timeout_s)
     model = options.model
@@ -277,15 +312,15 @@ async def run_async(
     state = _Run(endpoint, options, pool)
     specs = list(workload.requests)
     payloads = [prepare(endpoint, s, options, model) for s in specs]
-    desc = f"{label + ' ' if label else ''}c={load.concurrency if load.concurrency is not None else 'inf'}"
     gc_was_enabled = gc.isenabled()
+    origin = time.perf_counter()
     try:
         if load.warmup:
             warm = _warmup_specs(workload, load.warmup)
             warm_payloads = [prepare(endpoint, s, options, model) for s in warm]
             cap = min(load.warmup, load.concurrency or load.warmup)
-            with tqdm(total=len(warm), desc=f"{desc} warmup", disable=not progress, leave=False) as bar:
-                await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), bar)
+            reporter.update(f"{desc} warmup", fraction=0.0, detail=f"{len(warm)} request(s)")
+            await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _: None)
             await state.watch.settle()
         schedule = arrival_times(len(specs), load)
         if not state.abort.is_set():
@@ -293,15 +328,27 @@ async def run_async(
         gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
         origin = time.perf_counter()
         if state.abort.is_set():
+            why = (
+                "stopped by the user" if state.interrupted else f"the server died during warmup ({state.abort_reason})"
+            )
             records = [
-                RequestRecord(
-                    s.index, "not_sent", t, error=f"not sent: the server died during warmup ({state.abort_reason})"
-                )
+                RequestRecord(s.index, "not_sent", t, error=f"not sent: {why}")
                 for s, t in zip(specs, schedule, strict=True)
             ]
         else:
-            with tqdm(total=len(specs), desc=desc, disable=not progress, unit="req") as bar:
-                records = await state.execute(specs, payloads, schedule, load.concurrency, origin, bar)
+            total = len(specs)
+            reporter.update(desc, fraction=0.0, detail=f"0/{total} requests")
+
+            def on_done(k: int) -> None:
+                reporter.update(fraction=k / total, detail=f"{k}/{total} requests")
+
+            records = await state.execute(specs, payloads, schedule, load.concurrency, origin, on_done)
+    except asyncio.CancelledError:
+        if not state.interrupted:  # stopped before any request went out: there is nothing to keep
+            if own_progress:
+                reporter.finish("stopped by the user", "fail")
+            raise
+        records = [RequestRecord(s.index, "not_sent", 0.0, error="not sent: stopped by the user") for s in specs]
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -311,7 +358,8 @@ async def run_async(
     duration = max(ends, default=0.0)
     if state.abort_time is not None:
         duration = max(duration, state.abort_time - origin) if ends else max(0.0, state.abort_time - origin)
-    diagnosis = await _diagnose(on_server_death, diagnosis_timeout_s) if state.abort.is_set() else None
+    dead = state.abort.is_set() and not state.interrupted
+    diagnosis = await _diagnose(on_server_death, diagnosis_timeout_s) if dead else None
     result = BenchResult(
         summary=summarize(records, duration, slo=slo, accept_length=_accept_length(info)),
         requests=records_frame(records),
@@ -324,10 +372,23 @@ async def run_async(
         abort_reason=state.abort_reason,
         diagnosis=diagnosis,
         origin_perf_s=origin,
+        interrupted=state.interrupted,
     )
     if store is not None:
         (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
+    if own_progress:
+        _finish(reporter, result)
     return result
+
+
+def _finish(reporter: Progress, result: BenchResult) -> None:
+    s = result.summary
+    if result.partial:
+        reporter.finish(f"PARTIAL: {result.abort_reason}", "fail", detail=f"{s.completed}/{s.total} requests ok")
+    else:
+        reporter.finish(
+            f"done: {s.output_throughput:,.1f} output tok/s", "ok", detail=f"{s.completed}/{s.total} requests ok"
+        )
 
 
 def _accept_length(info: Mapping[str, Any]) -> float | None:
@@ -343,50 +404,174 @@ def _accept_length(info: Mapping[str, Any]) -> float | None:
 async def sweep_async(
     url: str,
     workload: Workload | Callable[[int], Workload],
-    concurrencies: Sequence[int],
+    concurrencies: Sequence[int] | int | str,
     *,
     repeats: int = 1,
     load: LoadSpec | None = None,
-    **kwargs: Any,
-) -> list[BenchResult]:
-    """``run_async`` at each concurrency level, ``repeats`` times each. ``workload`` may be a function of
-    the level (e.g. more prompts at higher concurrency). Stops after a run the server died in."""
+    options: ClientOptions | None = None,
+    slo: SLO | None = None,
+    label: str = "",
+    progress: bool | Progress = True,
+    on_server_death: Callable[[], object] | None = None,
+    host: Host | None = None,
+    config: Any = None,
+    store: ResultStore | str | None = None,
+) -> BenchRuns:
+    """:func:`run_async` at each concurrency level, ``repeats`` times each. ``workload`` may be a function of
+    the level (e.g. more prompts at higher concurrency). Stops after a run that ended early (the server
+    died, or the user stopped it); the runs so far come back, the last one partial."""
+    reporter = progress if isinstance(progress, Progress) else Progress(f"sweep {label}".strip(), enabled=progress)
+    runs: list[BenchResult] = []
+    options_kw = {"slo": slo, "on_server_death": on_server_death, "host": host, "config": config, "store": store}
+    await _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, options_kw)
+    if not isinstance(progress, Progress):
+        _finish_sweep(reporter, runs)
+    return BenchRuns(runs)
+
+
+async def _sweep_into(
+    runs: list[BenchResult],
+    url: str,
+    workload: Workload | Callable[[int], Workload],
+    concurrencies: Sequence[int] | int | str,
+    repeats: int,
+    load: LoadSpec | None,
+    options: ClientOptions | None,
+    label: str,
+    reporter: Progress,
+    run_kw: Mapping[str, Any],
+) -> None:
+    """The sweep itself, appending each run to ``runs`` as it ends, so a stopped sweep keeps them."""
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
-    base = load or LoadSpec()
-    results: list[BenchResult] = []
-    for level in concurrencies:
+    levels = _levels(concurrencies)
+    planned = len(levels) * repeats
+    for level in levels:
         wl = workload(level) if callable(workload) else workload
         for r in range(repeats):
-            result = await run_async(url, wl, dataclasses.replace(base, concurrency=level), repeat=r, **kwargs)
-            results.append(result)
+            reporter.update(f"run {len(runs) + 1}/{planned}: c={level} repeat {r + 1}", fraction=0.0)
+            load_c = dataclasses.replace(load or LoadSpec(), concurrency=level)
+            result = await run_async(url, wl, load_c, options, label=label, repeat=r, progress=reporter, **run_kw)
+            runs.append(result)
             if result.partial:
-                return results
-    return results
+                return
 
 
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from plain code or from inside Jupyter's already-running loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:
+    if runs and runs[-1].partial:
+        _finish(reporter, runs[-1])
+    else:
+        best = max((x.summary.output_throughput for x in runs), default=0.0)
+        reporter.finish(f"done: {len(runs)} runs, best {best:,.1f} output tok/s", "ok")
+
+
+def _levels(concurrencies: Sequence[int] | int | str) -> list[int]:
+    """Concurrency levels from a list, one int, or text like ``"1,16"`` (a papermill ``-p`` value)."""
+    if isinstance(concurrencies, str):
+        parts = [p for p in concurrencies.replace(" ", ",").split(",") if p]
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise BenchError(f"concurrency levels must be integers like 1,16; got {concurrencies!r}") from None
+    elif isinstance(concurrencies, int):
+        values = [concurrencies]
+    else:
+        values = list(concurrencies)
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise BenchError(f"concurrency levels must be one or more integers >= 1, got {concurrencies!r}")
+    return values
+
+
+def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "benchmark", progress: Progress | None = None) -> T:
+    """Run a coroutine to completion from plain code or a notebook cell; Stop cancels it and raises
+    :class:`~dsv4lab.errors.Interrupted` with its partial result."""
+    return run_blocking(coro, what=what, on_tick=progress.tick if progress is not None else None)
 
 
 def run(
-    url: str, workload: Workload, load: LoadSpec | None = None, options: ClientOptions | None = None, **kwargs: Any
+    url: str,
+    workload: Workload,
+    load: LoadSpec | None = None,
+    options: ClientOptions | None = None,
+    *,
+    slo: SLO | None = None,
+    label: str = "",
+    repeat: int = 0,
+    progress: bool = True,
+    on_server_death: Callable[[], object] | None = None,
+    diagnosis_timeout_s: float = 60.0,
+    host: Host | None = None,
+    config: Any = None,
+    info: Mapping[str, Any] | None = None,
+    gpus: Sequence[str] | None = None,
+    store: ResultStore | str | None = None,
+    info_timeout_s: float = 10.0,
 ) -> BenchResult:
-    """Blocking :func:`run_async` (works in a notebook cell too)."""
-    return run_sync(run_async(url, workload, load, options, **kwargs))
+    """Blocking :func:`run_async` (works in a notebook cell too). Stop returns control within about a
+    second: in-flight streams are cut and :class:`~dsv4lab.errors.Interrupted` carries the partial result."""
+    desc = f"{label + ' ' if label else ''}c={(load or LoadSpec()).concurrency or 'inf'}"
+    reporter = Progress(f"bench {desc}", enabled=progress)
+    coro = run_async(
+        url,
+        workload,
+        load,
+        options,
+        slo=slo,
+        label=label,
+        repeat=repeat,
+        progress=reporter,
+        on_server_death=on_server_death,
+        diagnosis_timeout_s=diagnosis_timeout_s,
+        host=host,
+        config=config,
+        info=info,
+        gpus=gpus,
+        store=store,
+        info_timeout_s=info_timeout_s,
+    )
+    try:
+        result = run_sync(coro, what="benchmark", progress=reporter)
+    except BaseException as exc:
+        partial = getattr(exc, "partial", None)
+        if isinstance(partial, BenchResult):
+            _finish(reporter, partial)
+        else:
+            reporter.finish("stopped" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}", "fail")
+        reporter.tick()
+        raise
+    _finish(reporter, result)
+    reporter.tick()
+    return result
 
 
 def sweep(
     url: str,
     workload: Workload | Callable[[int], Workload],
-    concurrencies: Sequence[int],
-    **kwargs: Any,
-) -> list[BenchResult]:
-    """Blocking :func:`sweep_async`."""
-    return run_sync(sweep_async(url, workload, concurrencies, **kwargs))
+    concurrencies: Sequence[int] | int | str,
+    *,
+    repeats: int = 1,
+    load: LoadSpec | None = None,
+    options: ClientOptions | None = None,
+    slo: SLO | None = None,
+    label: str = "",
+    progress: bool = True,
+    on_server_death: Callable[[], object] | None = None,
+    host: Host | None = None,
+    config: Any = None,
+    store: ResultStore | str | None = None,
+) -> BenchRuns:
+    """Blocking :func:`sweep_async`; Stop keeps the finished runs and the partial one (on
+    :class:`~dsv4lab.errors.Interrupted`'s ``partial``, a :class:`BenchRuns`)."""
+    reporter = Progress(f"sweep {label}".strip(), enabled=progress)
+    runs: list[BenchResult] = []
+    run_kw = {"slo": slo, "on_server_death": on_server_death, "host": host, "config": config, "store": store}
+    coro = _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, run_kw)
+    try:
+        run_sync(coro, what="sweep", progress=reporter)
+    except KeyboardInterrupt as exc:
+        reporter.finish(f"stopped by the user after {len(runs)} run(s)", "fail")
+        reporter.tick()
+        raise Interrupted(str(exc) or "sweep stopped by the user", BenchRuns(runs)) from None
+    _finish_sweep(reporter, runs)
+    reporter.tick()
+    return BenchRuns(runs)

@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from dsv4lab.bench.errors import BenchError
 from dsv4lab.bench.results import BenchResult
+from dsv4lab.errors import BenchError
 
 __all__ = ["RESULTS_FILE", "ResultStore"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4lab.bench.errors import BenchError
+from dsv4lab.errors import BenchError
 
 __all__ = [
     "LoadSpec",

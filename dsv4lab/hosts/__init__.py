@@ -23,8 +23,24 @@ __all__ = [
 ]
 
 
-def open_host(spec: str | None, **ssh_options: object) -> Host:
-    """``None``, ``""`` or ``"local"`` -> this machine; anything else is an SSH alias or ``user@host:port``."""
-    if spec in (None, "", "local", "localhost-local"):
+def open_host(
+    spec: str | Host | None,
+    *,
+    known_hosts: str = "~/.ssh/known_hosts",
+    trust_unknown_host: bool = False,
+    ssh_config: str | None = "~/.ssh/config",
+    connect_timeout_s: float = 15.0,
+) -> Host:
+    """``None``, ``""`` or ``"local"`` -> this machine; a :class:`Host` as it is; anything else is an SSH
+    alias from ``~/.ssh/config`` or ``user@host:port`` (host keys checked; see :class:`SSHHost`)."""
+    if isinstance(spec, Host):
+        return spec
+    if spec in (None, "", "local"):
         return LocalHost()
-    return SSHHost(str(spec), **ssh_options)  # type: ignore[arg-type]
+    return SSHHost(
+        str(spec),
+        known_hosts=known_hosts,
+        trust_unknown_host=trust_unknown_host,
+        ssh_config=ssh_config,
+        connect_timeout_s=connect_timeout_s,
+    )

@@ -29,6 +29,15 @@ from dsv4lab.hosts.base import CommandResult, Follower, Host, LineStream, LogLin
 __all__ = ["SSHHost", "SSHTarget", "fingerprint", "resolve_target"]
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+#: Bound on one file operation over exec (no SFTP); files dsv4lab moves are small.
+_FILE_TIMEOUT_S = 120.0
+#: Exit status of the exec file scripts for "no such file".
+_ENOENT_STATUS = 44
+# Write stdin to a temp file and rename it into place (a reader never sees half a file). $1 path, $2 mode.
+_WRITE_FILE = 'umask 077; cat > "$1.tmp" && chmod "$2" "$1.tmp" && mv -f -- "$1.tmp" "$1"'
+# The last $2 bytes of $1 (0 = all), or status 44 when it does not exist.
+_READ_FILE = '[ -e "$1" ] || exit 44; if [ "$2" -gt 0 ]; then tail -c "$2" -- "$1"; else cat -- "$1"; fi'
+
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 
 
@@ -130,6 +139,7 @@ class SSHHost(Host):
         self._client: paramiko.SSHClient | None = None
         self._jump: SSHHost | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self._no_sftp = False
         self._lock = threading.Lock()
         self.connect()
 
@@ -233,65 +243,83 @@ class SSHHost(Host):
     def run(self, command: Sequence[str] | str, *, timeout_s: float, input_text: str | None = None) -> CommandResult:
         wire = "bash -c " + shlex.quote(command) if isinstance(command, str) else shlex.join(list(command))
         shown = command if isinstance(command, str) else shlex.join(list(command))
-        start = time.monotonic()
-        deadline = start + timeout_s
-        try:
-            chan = self.transport.open_session(timeout=min(timeout_s, self.connect_timeout_s))
-            chan.exec_command(wire)
-            if input_text is not None:
-                chan.sendall(input_text.encode())
-            chan.shutdown_write()
-            out, err = bytearray(), bytearray()
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    chan.close()
-                    return CommandResult(
-                        self.name,
-                        shown,
-                        None,
-                        out.decode(errors="replace"),
-                        err.decode(errors="replace"),
-                        time.monotonic() - start,
-                        timed_out=True,
-                    )
-                select.select([chan], [], [], min(remaining, 0.5))
-                while chan.recv_ready():
-                    out += chan.recv(65536)
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-                if chan.exit_status_ready() and chan.eof_received:
-                    while chan.recv_ready():
-                        out += chan.recv(65536)
-                    while chan.recv_stderr_ready():
-                        err += chan.recv_stderr(65536)
-                    break
-                if chan.closed and not chan.exit_status_ready():
-                    raise HostConnectionError(f"the SSH connection to {self.name} dropped during `{shown}`")
-            status = chan.recv_exit_status()
-            chan.close()
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostConnectionError(f"the SSH connection to {self.name} failed during `{shown}`: {exc}") from exc
+        data = input_text.encode() if input_text is not None else None
+        status, out, err, elapsed, timed_out = self._exec(wire, shown, data, timeout_s)
         return CommandResult(
             self.name,
             shown,
             status,
             out.decode(errors="replace"),
             err.decode(errors="replace"),
-            time.monotonic() - start,
+            elapsed,
+            timed_out=timed_out,
         )
+
+    def _exec(
+        self, wire: str, shown: str, stdin: bytes | None, timeout_s: float
+    ) -> tuple[int | None, bytes, bytes, float, bool]:
+        """Run ``wire`` on one channel: (exit status, stdout, stderr, seconds, timed out).
+
+        An interrupt (the user's Stop) closes the channel and propagates; commands that must be killed on
+        a stop run detached with a PID file instead (see ``start_detached``).
+        """
+        start = time.monotonic()
+        deadline = start + timeout_s
+        out, err = bytearray(), bytearray()
+        try:
+            chan = self.transport.open_session(timeout=min(timeout_s, self.connect_timeout_s))
+            try:
+                chan.exec_command(wire)
+                if stdin is not None:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None, bytes(out), bytes(err), time.monotonic() - start, True
+                    select.select([chan], [], [], min(remaining, 0.5))
+                    while chan.recv_ready():
+                        out += chan.recv(65536)
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536)
+                    if chan.exit_status_ready() and chan.eof_received:
+                        while chan.recv_ready():
+                            out += chan.recv(65536)
+                        while chan.recv_stderr_ready():
+                            err += chan.recv_stderr(65536)
+                        break
+                    if chan.closed and not chan.exit_status_ready():
+                        raise HostConnectionError(f"the SSH connection to {self.name} dropped during `{shown}`")
+                status = chan.recv_exit_status()
+            finally:
+                chan.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostConnectionError(f"the SSH connection to {self.name} failed during `{shown}`: {exc}") from exc
+        return status, bytes(out), bytes(err), time.monotonic() - start, False
 
     # -- files ---------------------------------------------------------------------------------------------
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
+    def _sftp_client(self) -> paramiko.SFTPClient | None:
+        """The SFTP session, or None when the server has no sftp subsystem (then files go over exec).
+
+        Many GPU hosts (containers, hardened images) run sshd without ``Subsystem sftp``; everything
+        dsv4lab moves is small, so ``cat`` over an exec channel serves as well.
+        """
         with self._lock:
+            if self._no_sftp:
+                return None
             if self._sftp is None:
                 try:
                     self._sftp = paramiko.SFTPClient.from_transport(self.transport)
-                except (paramiko.SSHException, OSError) as exc:
-                    raise HostConnectionError(f"cannot open SFTP on {self.name}: {exc}") from exc
+                except HostConnectionError:
+                    raise
+                except (paramiko.SSHException, OSError, EOFError):
+                    if not self.connected:
+                        raise HostConnectionError(f"the SSH connection to {self.name} dropped") from None
+                    self._no_sftp = True
+                    return None
                 if self._sftp is None:
-                    raise HostConnectionError(f"cannot open SFTP on {self.name}")
+                    self._no_sftp = True
             return self._sftp
 
     @staticmethod
@@ -301,24 +329,50 @@ class SSHHost(Host):
             return "."
         return path[2:] if path.startswith("~/") else path
 
+    def _exec_file(self, script: str, path: str, *args: str, stdin: bytes | None = None) -> tuple[int | None, bytes]:
+        """A file operation over exec (no SFTP): the path goes as an argument, never into the script text."""
+        wire = shlex.join(["bash", "-c", script, "dsv4lab-file", self._sftp_path(path), *args])
+        status, out, err, _, timed_out = self._exec(wire, f"file operation on {path}", stdin, _FILE_TIMEOUT_S)
+        if timed_out:
+            raise HostConnectionError(
+                f"a file operation on {path} on {self.name} timed out after {_FILE_TIMEOUT_S:g} s"
+            )
+        if status not in (0, _ENOENT_STATUS):
+            raise HostConnectionError(f"cannot access {path} on {self.name}: {err.decode(errors='replace').strip()}")
+        return status, out
+
     def put_text(self, path: str, text: str, *, mode: int = 0o644) -> None:
+        self._put_bytes(path, text.encode(), mode)
+
+    def _put_bytes(self, path: str, data: bytes, mode: int) -> None:
         sftp = self._sftp_client()
         target = self._sftp_path(path)
         tmp = target + ".tmp"
+        if sftp is None:
+            self._exec_file(_WRITE_FILE, path, format(mode, "o"), stdin=data)
+            return
         try:
             with sftp.open(tmp, "w") as f:
-                f.write(text.encode())
+                f.write(data)
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, target)
         except OSError as exc:
             raise HostConnectionError(f"cannot write {path} on {self.name}: {exc}") from exc
 
     def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str | None:
+        data = self._read_bytes(path, max_bytes)
+        return None if data is None else data.decode("utf-8", "replace")
+
+    def _read_bytes(self, path: str, max_bytes: int | None) -> bytes | None:
         sftp = self._sftp_client()
+        if sftp is None:
+            status, out = self._exec_file(_READ_FILE, path, str(max_bytes or 0))
+            return None if status == _ENOENT_STATUS else out
         try:
             with sftp.open(self._sftp_path(path), "r") as f:
                 size = f.stat().st_size or 0
-                f.seek(max(0, size - max_bytes))
+                if max_bytes is not None:
+                    f.seek(max(0, size - max_bytes))
                 data: bytes = f.read()
         except FileNotFoundError:
             return None
@@ -326,17 +380,30 @@ class SSHHost(Host):
             if exc.errno == errno.ENOENT:
                 return None
             raise HostConnectionError(f"cannot read {path} on {self.name}: {exc}") from exc
-        return data.decode("utf-8", "replace")
+        return data
 
     def put(self, local_path: str, remote_path: str) -> None:
+        sftp = self._sftp_client()
+        if sftp is None:
+            with open(local_path, "rb") as f:
+                self._put_bytes(remote_path, f.read(), 0o644)
+            return
         try:
-            self._sftp_client().put(local_path, self._sftp_path(remote_path))
+            sftp.put(local_path, self._sftp_path(remote_path))
         except OSError as exc:
             raise HostConnectionError(f"cannot copy {local_path} to {self.name}:{remote_path}: {exc}") from exc
 
     def get(self, remote_path: str, local_path: str) -> None:
+        sftp = self._sftp_client()
+        if sftp is None:
+            data = self._read_bytes(remote_path, None)
+            if data is None:
+                raise HostConnectionError(f"cannot copy {self.name}:{remote_path}: no such file")
+            with open(local_path, "wb") as f:
+                f.write(data)
+            return
         try:
-            self._sftp_client().get(self._sftp_path(remote_path), local_path)
+            sftp.get(self._sftp_path(remote_path), local_path)
         except OSError as exc:
             raise HostConnectionError(f"cannot copy {self.name}:{remote_path} to {local_path}: {exc}") from exc
 

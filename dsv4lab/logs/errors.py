@@ -1,4 +1,4 @@
-"""The one error the log reader raises on purpose.
+"""The log reader's error, defined with the rest of the hierarchy in :mod:`dsv4lab.errors`.
 
 Reading a log should almost never fail: :func:`dsv4lab.logs.diagnose` turns every bad input into a
 ``Diagnosis`` with outcome ``unknown``. The lower layers (:func:`dsv4lab.logs.parse_log`) raise
@@ -8,10 +8,6 @@ wants events rather than a verdict learns why there are none instead of getting 
 
 from __future__ import annotations
 
-from dsv4lab.errors import DSV4LabError
+from dsv4lab.errors import LogError
 
 __all__ = ["LogError"]
-
-
-class LogError(DSV4LabError, ValueError):
-    """A log cannot be read as text lines (missing, unreadable, binary)."""

@@ -13,7 +13,13 @@ from pathlib import Path
 
 from dsv4lab.hardware import HardwareProfile, ModelProfile
 
-__all__ = ["KernelConfigs", "config_file_name", "expected_config_names", "find_kernel_configs"]
+__all__ = [
+    "KernelConfigs",
+    "config_file_name",
+    "expected_config_names",
+    "find_kernel_configs",
+    "write_tuned_configs",
+]
 
 #: Where the log says SGLang looked when no directory is configured (its own configs directory).
 SGLANG_CONFIG_DIR = "/usr/local/lib/python3.12/dist-packages/sglang/srt/layers/quantization/configs"
@@ -70,3 +76,16 @@ def find_kernel_configs(directory: Path | None, hardware: HardwareProfile, model
             base = str(directory) if directory is not None else SGLANG_CONFIG_DIR
             found.append((f"{base}/{name}", False))
     return KernelConfigs(tuple(found))
+
+
+def write_tuned_configs(directory: Path, hardware: HardwareProfile, model: ModelProfile) -> Path:
+    """Stand in for an FP8 autotune run on the twin: write the tuned JSONs the model's GEMMs look up.
+
+    The contents are a plausible tuned table; the twin only checks that the files exist (and then runs
+    at tuned speed), exactly as SGLang's only question is whether the file for its shape is there.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    table = '{"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "num_warps": 4}}\n'
+    for name in expected_config_names(hardware, model):
+        (directory / name).write_text(table, encoding="utf-8")
+    return directory

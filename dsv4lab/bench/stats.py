@@ -15,7 +15,6 @@ bisection. It matches published tables to better than 1e-9.
 
 from __future__ import annotations
 
-import html
 import math
 import statistics
 from collections.abc import Sequence
@@ -24,8 +23,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from dsv4lab.bench.errors import BenchError
 from dsv4lab.bench.results import BenchResult
+from dsv4lab.errors import BenchError
 
 __all__ = ["ABComparison", "ABLevel", "Verdict", "compare", "metric_value", "t_quantile", "verdict_for", "welch"]
 
@@ -215,6 +214,10 @@ class ABComparison:
     metric: str
     higher_is_better: bool
     levels: tuple[ABLevel, ...]
+    label_a: str = "A"
+    label_b: str = "B"
+    #: The twin's time scale when both arms ran on the twin (means x scale = modelled hardware tok/s).
+    time_scale: float | None = None
 
     def at(self, concurrency: int | None) -> ABLevel:
         for level in self.levels:
@@ -229,6 +232,9 @@ class ABComparison:
             rows.append(
                 {
                     "concurrency": lv.concurrency,
+                    "label_a": self.label_a,
+                    "label_b": self.label_b,
+                    "metric": self.metric,
                     "n_a": lv.n_a,
                     "n_b": lv.n_b,
                     "mean_a": lv.mean_a,
@@ -240,6 +246,7 @@ class ABComparison:
                     "rel_ci_low": lo,
                     "rel_ci_high": hi,
                     "verdict": lv.verdict,
+                    "time_scale": self.time_scale,
                 }
             )
         frame: pd.DataFrame = pd.DataFrame(rows)
@@ -249,19 +256,31 @@ class ABComparison:
         return "\n".join(level.sentence() for level in self.levels)
 
     def _repr_html_(self) -> str:
-        colors = {"better": "#070", "worse": "#b00", "no detectable difference": "#555"}
-        rows = "".join(
-            f"<tr><td>{lv.concurrency}</td><td>{lv.mean_a:.4g}</td><td>{lv.mean_b:.4g}</td>"
-            f"<td>{lv.rel_diff:+.1%}</td><td>{lv.rel_ci[0]:+.1%} … {lv.rel_ci[1]:+.1%}</td>"
-            f"<td>{lv.n_a}/{lv.n_b}</td><td style='color:{colors[lv.verdict]}'><b>{lv.verdict}</b></td></tr>"
+        from dsv4lab import htmlview as hv
+
+        states: dict[str, hv.State] = {"better": "ok", "worse": "fail", "no detectable difference": "info"}
+        scale = self.time_scale if self.metric.endswith("throughput") else None
+        unit = " (modelled hw)" if scale else ""
+        rows = [
+            {
+                "concurrency": lv.concurrency,
+                f"{self.label_a} mean{unit}": lv.mean_a * (scale or 1),
+                f"{self.label_b} mean{unit}": lv.mean_b * (scale or 1),
+                "B − A": f"{lv.rel_diff:+.1%}",
+                "95% CI": f"{lv.rel_ci[0]:+.1%} … {lv.rel_ci[1]:+.1%}",
+                "repeats": f"{lv.n_a}/{lv.n_b}",
+                "verdict": hv.raw(hv.badge(lv.verdict, states[lv.verdict])),
+            }
             for lv in self.levels
+        ]
+        better = "higher" if self.higher_is_better else "lower"
+        head = hv.p(f"{self.label_b} vs {self.label_a} on {self.metric} ({better} is better), Welch 95% CI")
+        note = (
+            hv.p(f"Twin at time scale {scale:g}: means converted to the modelled hardware (x {scale:g}).")
+            if scale
+            else ""
         )
-        return (
-            f"<p>B vs A on <code>{html.escape(self.metric)}</code> "
-            f"({'higher' if self.higher_is_better else 'lower'} is better), Welch 95% CI</p>"
-            "<table><tr><th>concurrency</th><th>A mean</th><th>B mean</th><th>B − A</th><th>95% CI</th>"
-            f"<th>repeats</th><th>verdict</th></tr>{rows}</table>"
-        )
+        return hv.card(f"A/B: {self.label_b} vs {self.label_a}", head + hv.table(rows) + note)
 
 
 def compare(
@@ -273,6 +292,8 @@ def compare(
     confidence: float = 0.95,
     min_repeats: int = MIN_REPEATS,
     allow_partial: bool = False,
+    label_a: str | None = None,
+    label_b: str | None = None,
 ) -> ABComparison:
     """Compare B against A at every concurrency level both arms have.
 
@@ -325,4 +346,17 @@ def compare(
                 verdict=verdict_for(w.ci_low, w.ci_high, higher_is_better=hib),
             )
         )
-    return ABComparison(metric, hib, tuple(out))
+    scales = {r.time_scale for r in (*a_runs, *b_runs)}
+    return ABComparison(
+        metric,
+        hib,
+        tuple(out),
+        label_a or _common_label(a_runs, "A"),
+        label_b or _common_label(b_runs, "B"),
+        scales.pop() if len(scales) == 1 else None,
+    )
+
+
+def _common_label(runs: Sequence[BenchResult], default: str) -> str:
+    labels = {r.label for r in runs if r.label}
+    return labels.pop() if len(labels) == 1 else default

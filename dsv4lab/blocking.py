@@ -1,0 +1,98 @@
+"""Blocking calls that Stop can stop: a coroutine on its own loop in a worker thread, cancelled on Ctrl-C.
+
+Jupyter's kernel already runs an event loop, so a blocking benchmark has to run its loop in another
+thread. Waiting for that thread inside ``with ThreadPoolExecutor()`` is what made the Stop button wait
+for the whole benchmark: the executor's exit joins the worker. Here the caller's thread waits in short
+joins (a KeyboardInterrupt lands between them), and on interrupt cancels the coroutine's task on its
+own loop. The coroutine turns the cancellation into its partial result (a benchmark returns what it
+measured, marked partial); that result rides on :class:`~dsv4lab.errors.Interrupted`, so the cell stops
+as the user asked and nothing measured is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from dsv4lab.errors import Interrupted
+
+__all__ = ["CANCEL_WAIT_S", "run_blocking"]
+
+T = TypeVar("T")
+
+#: How long an interrupted call waits for its coroutine to wind down and hand back a partial result.
+CANCEL_WAIT_S = 1.0
+#: How often the waiting thread wakes to draw progress and to let a KeyboardInterrupt in.
+_TICK_S = 0.1
+
+
+def run_blocking(
+    coro: Coroutine[Any, Any, T],
+    *,
+    what: str,
+    on_tick: Callable[[], None] | None = None,
+    cancel_wait_s: float = CANCEL_WAIT_S,
+) -> T:
+    """Run ``coro`` to completion and return its value; on KeyboardInterrupt cancel it and raise
+    :class:`Interrupted` carrying whatever it returned after the cancellation (or ``None``).
+
+    ``on_tick`` runs in the calling thread about every 0.1 s (to draw progress made in the worker).
+    """
+    loop = asyncio.new_event_loop()
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+    task_ref: list[asyncio.Task[T]] = []
+
+    def worker() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            task = loop.create_task(coro)
+            task_ref.append(task)
+            ready.set()
+            box["value"] = loop.run_until_complete(task)
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+        finally:
+            ready.set()
+            with contextlib.suppress(Exception):
+                _cancel_leftovers(loop)
+            loop.close()
+
+    thread = threading.Thread(target=worker, name=f"dsv4lab-{what}", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(_TICK_S)
+            if on_tick is not None:
+                on_tick()
+    except KeyboardInterrupt:
+        ready.wait(cancel_wait_s)
+        if task_ref and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between: nothing left to cancel
+                loop.call_soon_threadsafe(task_ref[0].cancel)
+        thread.join(cancel_wait_s)
+        if on_tick is not None:
+            with contextlib.suppress(Exception):
+                on_tick()
+        partial = box.get("value")
+        kept = "; the partial result is kept" if partial is not None else ""
+        raise Interrupted(f"{what} stopped by the user{kept}", partial) from None
+    if on_tick is not None:
+        on_tick()
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel tasks the coroutine left behind and let them finish, as ``asyncio.run`` does."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())

@@ -1,0 +1,417 @@
+"""The notebook session: one object that knows the host, the target, the hardware and the servers it started.
+
+A campaign step should read like the step it performs::
+
+    lab = Lab(host="local", target="twin", hardware="rtx-pro-6000-x8", time_scale=0.05)
+    lab.preflight("config_b")              # the budget card: OOM in graph capture, GPU 1, short ~20 GiB
+    b = lab.launch("config_b").wait()      # CRASHED card with the model-checked diagnosis
+    a = lab.launch("config_a").wait()      # free port, run dir, twin settings: all picked here
+    a.bench(concurrency=[1, 16])           # a table; .to_frame() for pandas
+
+The session picks and reserves a free port for every launch, builds the twin's settings, maps the presets'
+tuned-kernel folder to the right place for the target, and tracks every server it started: ``stop_all()``,
+the ``with`` block, and interpreter exit (a finished papermill run, a restarted kernel) stop them unless
+they were launched with ``keep=True``. The functions underneath stay public for scripts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import re
+import sys
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from dsv4lab import bench
+from dsv4lab import htmlview as hv
+from dsv4lab.config import ServerConfig
+from dsv4lab.errors import ConfigError, StaleServerError
+from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
+from dsv4lab.hosts import Host, LocalHost, open_host
+from dsv4lab.launch import ServerHandle, attach, launch, pick_port
+from dsv4lab.logs import Diagnosis
+from dsv4lab.memory import Preflight, Suggestion, preflight, suggest
+from dsv4lab.presets import KERNEL_CONFIG_DIR, PRESETS, preset
+from dsv4lab.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server
+from dsv4lab.versions import resolve_release
+
+__all__ = ["TARGETS", "Lab"]
+
+Target = Literal["twin", "sglang"]
+TARGETS: tuple[Target, ...] = ("twin", "sglang")
+
+#: Ports tried before a launch gives up (each taken one is skipped).
+_PORT_ATTEMPTS = 20
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class Lab:
+    """A session against one host (this machine, or an SSH alias) and one target (the twin, or SGLang)."""
+
+    def __init__(
+        self,
+        host: str | Host = "local",
+        *,
+        target: Target = "twin",
+        hardware: str = "rtx-pro-6000-x8",
+        sglang_version: str | None = None,
+        time_scale: float = 0.05,
+        python: str | None = None,
+        run_root: str | Path = "runs",
+        remote_root: str = "~/dsv4lab-runs",
+        kernel_config_dir: str | None = None,
+        base_port: int = 31000,
+        keep_servers: bool = False,
+        seed: int | None = None,
+        progress: bool = True,
+        known_hosts: str = "~/.ssh/known_hosts",
+        trust_host_key: bool = False,
+    ) -> None:
+        """
+        Args:
+            host: ``"local"``, an SSH alias from ``~/.ssh/config``, ``user@host:port``, or a Host.
+            target: ``"twin"`` (the SGLang twin, no GPU needed) or ``"sglang"`` (real SGLang).
+            hardware: hardware profile of the host (the twin emulates it; preflight and diagnosis use it).
+            sglang_version: SGLang release whose flags to render (default: the newest dsv4lab knows).
+            time_scale: twin only: durations are this times the modelled hardware's (1 = real time).
+            python: the server host's interpreter (a venv or conda env) for SGLang, the twin, bench_serving.
+            run_root: local folder for results; each server gets ``run_root/<name>``.
+            remote_root: on an SSH host, where run directories go (``<remote_root>/<session>/<name>``).
+            kernel_config_dir: tuned FP8 kernel-config folder on the host for configs that use the presets'
+                default; on the twin, unset means the twin's stand-in autotune output, written here.
+            base_port: the first port tried for each launch.
+            keep_servers: leave servers running when the session ends.
+            seed: twin seed (drift and timing noise); unset = the twin's default.
+            progress: live progress in notebooks, text lines in scripts and papermill.
+            known_hosts, trust_host_key: SSH host-key checking (an unknown key is refused unless trusted).
+        """
+        if target not in TARGETS:
+            raise ConfigError("target", target, "twin (the SGLang twin, no GPU) or sglang (a real server)")
+        if not (isinstance(time_scale, (int, float)) and not isinstance(time_scale, bool) and time_scale > 0):
+            raise ConfigError("time_scale", time_scale, "a positive number (1 = real time)")
+        if not (isinstance(base_port, int) and 1024 <= base_port <= 65000):
+            raise ConfigError("base_port", base_port, "an integer from 1024 to 65000")
+        self.target: Target = target
+        self.hardware: HardwareProfile = hardware_profile(hardware)
+        self.sglang_version = resolve_release(sglang_version).version
+        self.time_scale = float(time_scale) if target == "twin" else 1.0
+        self.python = python
+        self.kernel_config_dir = kernel_config_dir
+        self.base_port = base_port
+        self.keep_servers = keep_servers
+        self.seed = seed
+        self.progress = progress
+        self.run_root = Path(run_root).expanduser().resolve()
+        self.session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.host: Host = open_host(host, known_hosts=known_hosts, trust_unknown_host=trust_host_key)
+        self.remote_root = remote_root
+        self.servers: list[Server] = []
+        self._samplers: dict[int, Any] = {}
+        self._twin_kernel_dir: str | None = None
+        _LIVE.add(self)
+
+    # -- configs ----------------------------------------------------------------------------------------
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.host, LocalHost)
+
+    @property
+    def model(self) -> ModelProfile:
+        return model_profile(preset("config_a").model_path)
+
+    def config(self, config: ServerConfig | str = "config_a", **overrides: Any) -> ServerConfig:
+        """A preset name (``config_a``, ``config_b``, ``config_b_fixed``), a ``.toml``/``.json`` path or a
+        config, with field overrides (``mem_fraction_static=0.6``, ``speculative__num_steps=2``,
+        ``env__NCCL_PROTO="LL"``; text values are parsed as the field's type).
+
+        The presets' tuned-kernel folder is mapped to this session's: the twin's stand-in autotune
+        output, or ``kernel_config_dir`` when given.
+        """
+        if isinstance(config, str):
+            if config in PRESETS:
+                cfg = preset(config)
+            elif config.endswith((".toml", ".json")):
+                from dsv4lab.config import load
+
+                cfg = load(config)
+            else:
+                raise ConfigError(
+                    "config", config, f"a preset ({', '.join(PRESETS)}), a .toml/.json file, or a ServerConfig"
+                )
+        elif isinstance(config, ServerConfig):
+            cfg = config
+        else:
+            raise ConfigError("config", config, "a preset name, a .toml/.json file, or a ServerConfig")
+        if cfg.kernel_config_dir == KERNEL_CONFIG_DIR and "kernel_config_dir" not in overrides:
+            cfg = cfg.replace(kernel_config_dir=self._kernel_dir())
+        return cfg.with_values(overrides) if overrides else cfg
+
+    def _kernel_dir(self) -> str:
+        if self.kernel_config_dir is not None:
+            return self.kernel_config_dir
+        if self.target != "twin":
+            return KERNEL_CONFIG_DIR
+        if self._twin_kernel_dir is None:
+            self._twin_kernel_dir = self._write_twin_kernel_configs()
+        return self._twin_kernel_dir
+
+    def _write_twin_kernel_configs(self) -> str:
+        """The twin's stand-in for the story's FP8 autotune run, on the host the twin runs on."""
+        from dsv4lab.twin.kernels import expected_config_names, write_tuned_configs
+
+        if self.is_local:
+            return str(write_tuned_configs(self.run_root / "kernel-configs", self.hardware, self.model))
+        remote = self.host.absolute_path(f"{self.remote_root}/kernel-configs")
+        self.host.makedirs(remote)
+        for name in expected_config_names(self.hardware, self.model):
+            self.host.put_text(f"{remote}/{name}", '{"1": {"BLOCK_SIZE_M": 16}}\n')
+        return remote
+
+    def preflight(self, config: ServerConfig | str = "config_a", **overrides: Any) -> Preflight:
+        """Predict whether the config fits this host's GPUs, where it would fail and by how much."""
+        cfg = self.config(config, **overrides)
+        return preflight(cfg, self.hardware, sglang_version=self.sglang_version)
+
+    def suggest(
+        self, config: ServerConfig | str = "config_a", *, concurrency: int | None = None, **overrides: Any
+    ) -> list[Suggestion]:
+        """Changes the memory model predicts would fit, each with its margin (best first)."""
+        cfg = self.config(config, **overrides)
+        return suggest(cfg, self.hardware, sglang_version=self.sglang_version, concurrency=concurrency)
+
+    # -- servers ----------------------------------------------------------------------------------------
+
+    def launch(
+        self,
+        config: ServerConfig | str = "config_a",
+        *,
+        name: str | None = None,
+        wait: bool = False,
+        port: int | None = None,
+        keep: bool | None = None,
+        fault: str | None = None,
+        sample_gpus: bool = True,
+        **overrides: Any,
+    ) -> Server:
+        """Start a server and return it at once (``wait=True`` also watches it to a verdict).
+
+        Picks and reserves a free port (or uses ``port``), makes the run dir, checks the host's Python and
+        the kernel-config folder, and starts the twin or SGLang. ``fault`` injects a twin fault
+        (``silent_death``, ``capture_hang``, ``nccl_error``, ``port_in_use``, ``crash_serving[:s]``,
+        ``slow_start[:x]``). The server is tracked: the session stops it at its end unless ``keep``.
+        """
+        cfg = self.config(config, **overrides)
+        if fault is not None and self.target != "twin":
+            raise ConfigError("fault", fault, "only on the twin (target='twin')")
+        base = name or (config if isinstance(config, str) and config in PRESETS else "server")
+        label = self._unique_name(base.replace("_", "-"))
+        local_dir = self.run_root / label
+        local_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = str(local_dir) if self.is_local else f"{self.remote_root}/{self.session}/{label}"
+        handle = self._start(cfg, run_dir, port, fault)
+        server = Server(self, handle, label, local_dir, keep=self.keep_servers if keep is None else keep)
+        self.servers.append(server)
+        if sample_gpus:
+            self._start_sampler(server)
+        if wait:
+            server.wait()
+        return server
+
+    def _start(self, cfg: ServerConfig, run_dir: str, port: int | None, fault: str | None) -> ServerHandle:
+        twin_env: dict[str, str] | None = None
+        if self.target == "twin":
+            twin_env = {"DSV4LAB_TWIN_HARDWARE": self.hardware.name, "DSV4LAB_TWIN_TIME_SCALE": str(self.time_scale)}
+            if fault:
+                twin_env["DSV4LAB_TWIN_FAULT"] = fault
+            if self.seed is not None:
+                twin_env["DSV4LAB_TWIN_SEED"] = str(self.seed)
+        python = self.python
+        if python is None and self.target == "twin" and self.is_local:
+            python = sys.executable
+        skipped: list[int] = [s.port for s in self.servers if s.stopped is None]
+        for _ in range(_PORT_ATTEMPTS):
+            chosen = port if port is not None else pick_port(self.host, self.base_port, avoid=skipped)
+            try:
+                return launch(
+                    self.host,
+                    cfg.replace(port=chosen),
+                    run_dir,
+                    target=self.target,
+                    sglang_version=self.sglang_version,
+                    python=python,
+                    twin_env=twin_env,
+                )
+            except StaleServerError:
+                if port is not None:
+                    raise
+                skipped.append(chosen)
+        raise StaleServerError(self.host.name, skipped[-1], holder=f"other servers: ports {skipped} are all taken")
+
+    def _unique_name(self, base: str) -> str:
+        if not _NAME.match(base):
+            raise ConfigError("name", base, "letters, digits, '.', '_' or '-', starting with a letter or digit")
+        taken = {s.name for s in self.servers}
+        name, i = base, 2
+        while name in taken or (self.run_root / name / "handle.json").exists():
+            name, i = f"{base}-{i}", i + 1
+        return name
+
+    def attach(self, run_dir: str | Path, *, name: str | None = None, check: bool = True) -> Server:
+        """The server of an earlier launch (a restarted kernel, another notebook), with its state *now*.
+
+        ``check`` watches it briefly: a live server reports READY (or its startup goes on), a dead one
+        CRASHED or STOPPED — never READY from old log lines.
+        """
+        handle = attach(self.host, str(run_dir))
+        label = name or Path(handle.run_dir).name
+        local = Path(run_dir) if self.is_local else self.run_root / label
+        server = Server(self, handle, label, local.resolve(), keep=True)
+        self.servers.append(server)
+        if check:
+            with contextlib.suppress(Exception):
+                server.wait(timeout_s=10.0, keep_running=True)
+        return server
+
+    def diagnose(self, log: str | Path | Server) -> Diagnosis:
+        """The model-checked diagnosis of a server's log (a Server, a run dir, or a log file)."""
+        from dsv4lab.diagnosis import diagnose_with_model
+
+        if isinstance(log, Server):
+            return log.diagnose()
+        path = Path(log)
+        if path.is_dir():
+            path = path / "server.log"
+        return diagnose_with_model(str(path), hardware=self.hardware, sglang_version=self.sglang_version)
+
+    def ab(
+        self,
+        a: Server,
+        b: Server,
+        concurrency: Sequence[int] | int | str = (1, 16),
+        *,
+        repeats: int = 3,
+        prompts: int | None = None,
+        input_len: int = DEFAULT_INPUT_LEN,
+        output_len: int = DEFAULT_OUTPUT_LEN,
+        seed: int = 7,
+        interleave: bool = True,
+    ) -> bench.ABRuns:
+        """A/B of two running servers: the same workload, interleaved repeats, Welch CIs (``.compare()``)."""
+        for s in (a, b):
+            s._require_ready("benchmark")
+
+        def workload(level: int) -> bench.Workload:
+            n = prompts if prompts is not None else max(2, level)
+            return bench.random_workload(n, input_len, output_len, seed=seed)
+
+        store = str(self.run_root / f"ab-{a.name}-vs-{b.name}")
+        try:
+            runs = bench.run_ab(
+                a.url,
+                b.url,
+                workload,
+                concurrency,
+                repeats=repeats,
+                interleave=interleave,
+                load=bench.LoadSpec(warmup=0),
+                label_a=a.name,
+                label_b=b.name,
+                progress=self.progress,
+                store=store,
+            )
+        except KeyboardInterrupt as exc:
+            partial = getattr(exc, "partial", None)
+            if isinstance(partial, bench.ABRuns):
+                a.runs, b.runs = a.runs + partial.a, b.runs + partial.b
+            raise
+        a.runs, b.runs = a.runs + runs.a, b.runs + runs.b
+        return runs
+
+    def ps(self) -> pd.DataFrame:
+        """The servers of this session and whether each is alive now."""
+        rows = []
+        for s in self.servers:
+            alive = s.is_alive()
+            rows.append({**s.to_dict(), "alive": alive})
+        frame: pd.DataFrame = pd.DataFrame(rows)
+        return frame
+
+    def stop_all(self, *, include_kept: bool = False) -> None:
+        """Stop every server this session started that is still running (kept ones only if asked)."""
+        for s in list(self.servers):
+            if s.stopped is None and (include_kept or not s.keep):
+                with contextlib.suppress(Exception):
+                    s.stop(grace_s=5.0)
+        for sampler in list(self._samplers.values()):
+            with contextlib.suppress(Exception):
+                sampler.stop()
+
+    def close(self) -> None:
+        """End the session: stop its servers (unless kept) and close the host connection."""
+        self.stop_all()
+        with contextlib.suppress(Exception):
+            self.host.close()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- GPU memory (filled in by the sampler) -------------------------------------------------------------
+
+    def _start_sampler(self, server: Server) -> None:
+        """Start sampling the host's GPUs for ``server`` (a no-op until a sampler is available)."""
+
+    def _stop_sampler(self, server: Server) -> None:
+        sampler = self._samplers.pop(id(server), None)
+        if sampler is not None:
+            with contextlib.suppress(Exception):
+                sampler.stop()
+
+    def _gpu_frame(self, server: Server) -> pd.DataFrame:
+        sampler = self._samplers.get(id(server))
+        if sampler is None:
+            empty: pd.DataFrame = pd.DataFrame(columns=["time", "t", "gpu", "used_mib", "total_mib", "util_pct"])
+            return empty
+        frame: pd.DataFrame = sampler.frame()
+        return frame
+
+    # -- display ----------------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        where = f"{self.host.name!r}, target={self.target!r}, hardware={self.hardware.name!r}"
+        return f"Lab({where}, {len(self.servers)} servers)"
+
+    def _repr_html_(self) -> str:
+        facts: list[tuple[str, object]] = [
+            ("host", self.host.name),
+            ("target", self.target + (f" (time scale {self.time_scale:g})" if self.target == "twin" else "")),
+            ("hardware", f"{self.hardware.name}: {self.hardware.count} x {self.hardware.gpu.name}"),
+            ("SGLang flags", self.sglang_version),
+            ("results", str(self.run_root)),
+        ]
+        rows = [{"name": s.name, "state": s.state, "port": s.port, "run dir": s.run_dir} for s in self.servers]
+        return hv.card("dsv4lab session", hv.kv_table(facts) + (hv.table(rows) if rows else ""))
+
+
+# Sessions still open at interpreter exit stop their servers: a finished papermill run, a restarted
+# kernel and a script that forgot close() must not leave GPUs held by orphans.
+_LIVE: weakref.WeakSet[Lab] = weakref.WeakSet()
+
+
+def _stop_everything() -> None:
+    for lab in list(_LIVE):
+        with contextlib.suppress(Exception):
+            lab.close()
+
+
+atexit.register(_stop_everything)

@@ -1,0 +1,326 @@
+"""A launched server as a notebook user meets it: ``url``, ``wait()``, ``bench()``, ``profile()``, ``stop()``.
+
+:class:`Server` wraps a :class:`~dsv4lab.launch.ServerHandle` (the files and processes on the host) with
+what a session knows about it: its name, its local results folder, the readiness verdict, the benchmark
+runs so far, the GPU samples. Every blocking method gives control back within about a second of Stop and
+keeps what it measured (on :class:`~dsv4lab.errors.Interrupted` and in ``runs`` / ``readiness``).
+
+Servers are made by :meth:`dsv4lab.lab.Lab.launch`; the functions underneath (``launch``, ``wait_ready``,
+``bench.sweep``, ``kernels.profile_server``) stay public for scripts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from dsv4lab import bench
+from dsv4lab import htmlview as hv
+from dsv4lab.config import ServerConfig
+from dsv4lab.errors import BenchError, Interrupted
+from dsv4lab.hosts import KillReport, PortForward
+from dsv4lab.kernels import KernelBreakdown, profile_server
+from dsv4lab.launch import ServerHandle
+from dsv4lab.logs import Diagnosis
+from dsv4lab.watch import VERDICT_STATE, Readiness, Verdict, wait_ready
+
+if TYPE_CHECKING:
+    from dsv4lab.lab import Lab
+
+__all__ = ["Server"]
+
+#: The workload a plain ``bench()`` sends when none is given: what a chat-sized request looks like.
+DEFAULT_INPUT_LEN = 1024
+DEFAULT_OUTPUT_LEN = 128
+
+
+class Server:
+    """One server a :class:`~dsv4lab.lab.Lab` launched (or re-attached to)."""
+
+    def __init__(self, lab: Lab, handle: ServerHandle, name: str, local_dir: Path, *, keep: bool = False) -> None:
+        self.lab = lab
+        self.handle = handle
+        self.name = name
+        self.local_dir = local_dir
+        #: Leave the server running when the session ends (a kernel restart, ``stop_all``)?
+        self.keep = keep
+        #: The last readiness verdict (None until :meth:`wait` has run).
+        self.readiness: Readiness | None = None
+        #: Every benchmark run made on this server, in order (partial ones included).
+        self.runs: bench.BenchRuns = bench.BenchRuns()
+        self.stopped: KillReport | None = None
+        self._forward: PortForward | None = None
+        self._sampler: Any = None
+
+    # -- identity ---------------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> ServerConfig:
+        return self.handle.config
+
+    @property
+    def port(self) -> int:
+        return self.handle.port
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory on the server's host (the same as ``local_dir`` on this machine)."""
+        return self.handle.run_dir
+
+    @property
+    def url(self) -> str:
+        """A URL this machine can reach: through the SSH tunnel for a remote host."""
+        if self._forward is None:
+            self._forward = self.handle.host.forward(self.port)
+        return self._forward.url
+
+    @property
+    def state(self) -> str:
+        """``starting`` until a verdict, then the verdict (READY, CRASHED, ...); ``stopped`` once a running
+        server was stopped (a crashed one stays CRASHED)."""
+        verdict = self.readiness.verdict if self.readiness is not None else None
+        if self.stopped is not None and verdict in (None, Verdict.READY, Verdict.INTERRUPTED):
+            return "stopped"
+        return verdict.value if verdict is not None else "starting"
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness is not None and self.readiness.ready and self.stopped is None
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def wait(self, timeout_s: float = 900.0, *, stall_after_s: float = 300.0, keep_running: bool = False) -> Server:
+        """Watch the startup until READY, CRASHED, STALLED or TIMEOUT and return the server (chainable).
+
+        A crash is a result, not an error: ``readiness`` holds the verdict with the model-checked diagnosis,
+        and the server shows it. Stop stops the server (unless ``keep_running``) and keeps the partial
+        readiness.
+        """
+        try:
+            self.readiness = wait_ready(
+                self.handle,
+                timeout_s,
+                stall_after_s=stall_after_s,
+                keep_running=keep_running,
+                progress=self.lab.progress,
+                hardware=self.lab.hardware.name,
+            )
+        except Interrupted as exc:
+            if isinstance(exc.partial, Readiness):
+                self.readiness = exc.partial
+            self._record()
+            raise
+        self._record()
+        if self.readiness.ready:
+            self._warm()
+        return self
+
+    def stop(self, *, grace_s: float = 10.0) -> KillReport:
+        """End the server's whole process tree; its files stay in the run dir (copied locally first)."""
+        report = self.handle.stop(grace_s=grace_s)
+        self.stopped = report
+        if self._forward is not None:
+            self._forward.close()
+            self._forward = None
+        self.lab._stop_sampler(self)
+        self.fetch()
+        return report
+
+    def is_alive(self) -> bool:
+        return self.handle.is_alive()
+
+    # -- measurements -----------------------------------------------------------------------------------
+
+    def bench(
+        self,
+        concurrency: Sequence[int] | int | str = (1, 16),
+        *,
+        prompts: int | None = None,
+        input_len: int = DEFAULT_INPUT_LEN,
+        output_len: int = DEFAULT_OUTPUT_LEN,
+        repeats: int = 1,
+        seed: int = 7,
+        workload: bench.Workload | None = None,
+        warmup: int = 0,
+        api: str = "completions",
+        label: str | None = None,
+    ) -> bench.BenchRuns:
+        """Benchmark at each concurrency level with the built-in streaming client; return the runs.
+
+        ``prompts`` per run defaults to max(2, 2 x concurrency), so every run has a steady middle. Stop
+        cuts the in-flight requests and keeps the finished and partial runs (in ``runs`` as well).
+        """
+        self._require_ready("bench")
+
+        def workload_for(level: int) -> bench.Workload:
+            if workload is not None:
+                return workload
+            n = prompts if prompts is not None else max(2, 2 * level)
+            return bench.random_workload(n, input_len, output_len, seed=seed)
+
+        store = str(self.local_dir / "bench")
+        try:
+            runs = bench.sweep(
+                self.url,
+                workload_for,
+                concurrency,
+                repeats=repeats,
+                load=bench.LoadSpec(warmup=warmup),
+                options=bench.ClientOptions(api=api),  # type: ignore[arg-type]
+                label=label or self.name,
+                progress=self.lab.progress,
+                on_server_death=self._death_note,
+                host=self.handle.host,
+                config=self.config,
+                store=store,
+            )
+        except Interrupted as exc:
+            if isinstance(exc.partial, bench.BenchRuns):
+                self.runs = self.runs + exc.partial
+            raise
+        self.runs = self.runs + runs
+        return runs
+
+    def profile(
+        self,
+        concurrency: int = 16,
+        *,
+        prompts: int | None = None,
+        input_len: int = DEFAULT_INPUT_LEN,
+        output_len: int = DEFAULT_OUTPUT_LEN,
+        within: str | None = "decode",
+        seed: int = 7,
+    ) -> KernelBreakdown:
+        """A torch-profiler kernel breakdown of the server under load (decode steps only, by default)."""
+        self._require_ready("profile")
+        n = prompts if prompts is not None else concurrency
+        wl = bench.random_workload(n, input_len, output_len, seed=seed)
+        load = bench.LoadSpec(concurrency=concurrency, warmup=0)  # a warm-up request would decode alone
+
+        def during() -> None:
+            bench.run(self.url, wl, load, progress=self.lab.progress, label=f"{self.name} profile")
+
+        remote = f"{self.run_dir}/profile"
+        return profile_server(
+            self.url, self.handle.host, remote, during, local_dir=str(self.local_dir / "traces"), within=within
+        )
+
+    def diagnose(self) -> Diagnosis:
+        """The model-checked diagnosis of the whole log (the same card ``readiness`` carries on a crash)."""
+        from dsv4lab.diagnosis import diagnose_with_model
+
+        log = self.fetch()
+        return diagnose_with_model(str(log), hardware=self.lab.hardware, sglang_version=self.handle.sglang_version)
+
+    def gpu_memory(self) -> pd.DataFrame:
+        """GPU memory samples taken while this server ran (columns t, gpu, used_mib, total_mib, util_pct)."""
+        return self.lab._gpu_frame(self)
+
+    def log(self, lines: int = 40) -> LogTail:
+        """The last lines of ``server.log``."""
+        text = self.handle.host.read_text(self.handle.log_path, max_bytes=max(4096, lines * 400)) or ""
+        return LogTail(self.name, text.splitlines()[-lines:])
+
+    def fetch(self) -> Path:
+        """Copy the run dir's small files (log, config, verdicts) from the host into ``local_dir``; the log path."""
+        local_log = self.local_dir / "server.log"
+        if Path(self.run_dir).resolve() == self.local_dir.resolve():
+            return local_log
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        host = self.handle.host
+        for name in ("server.log", "config.toml", "env.sh", "launch.sh", "handle.json", "server.exit"):
+            text = host.read_text(f"{self.run_dir}/{name}", max_bytes=64 << 20)
+            if text is not None:
+                (self.local_dir / name).write_text(text, encoding="utf-8")
+        return local_log
+
+    # -- internals --------------------------------------------------------------------------------------
+
+    def _require_ready(self, what: str) -> None:
+        if self.readiness is None:
+            raise BenchError(f"{self.name}: call wait() before {what}() (the server may still be starting)")
+        if not self.ready:
+            raise BenchError(f"{self.name} is {self.state}, not READY: nothing to {what}")
+
+    def _warm(self) -> None:
+        """One short request, so measured runs start on a warm server (first requests compile kernels)."""
+        wl = bench.random_workload(1, 64, 4, seed=1)
+        with contextlib.suppress(BenchError):  # a server that cannot answer shows in the first real run
+            bench.run(self.url, wl, bench.LoadSpec(warmup=0), progress=False)
+
+    def _death_note(self) -> object:
+        """What the log says when a benchmark sees the server die (attached to the partial result)."""
+        r = wait_ready(self.handle, 5.0, progress=False, keep_running=True, hardware=self.lab.hardware.name)
+        self.readiness = r
+        self._record()
+        return r.reason
+
+    def _record(self) -> None:
+        if self.readiness is None:
+            return
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        (self.local_dir / "readiness.json").write_text(
+            json.dumps(self.readiness.to_dict(), indent=2) + "\n", encoding="utf-8"
+        )
+        if self.readiness.verdict is not Verdict.READY:
+            self.fetch()
+
+    # -- display ----------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "url": self._forward.url if self._forward is not None else None,
+            "port": self.port,
+            "run_dir": self.run_dir,
+            "local_dir": str(self.local_dir),
+            "runs": len(self.runs),
+            **{
+                k: v
+                for k, v in self.handle.to_dict().items()
+                if k in ("host", "target", "sglang_version", "launcher_pid")
+            },
+        }
+
+    def __repr__(self) -> str:
+        return f"Server({self.name!r}, {self.state}, port {self.port} on {self.handle.host.name})"
+
+    def _repr_html_(self) -> str:
+        state: hv.State = "info" if self.stopped is not None else "running"
+        if self.readiness is not None and self.stopped is None:
+            state = VERDICT_STATE[self.readiness.verdict]
+        facts: list[tuple[str, object]] = [
+            ("host", f"{self.handle.host.name} ({self.handle.target}, SGLang {self.handle.sglang_version} flags)"),
+            ("port", self.port),
+            ("run dir", self.run_dir),
+        ]
+        if self.runs:
+            best = max(r.summary.output_throughput * (r.time_scale or 1) for r in self.runs)
+            facts.append(("benchmark runs", f"{len(self.runs)}; best {best:,.1f} output tok/s"))
+        body = hv.kv_table(facts)
+        if self.readiness is not None:
+            body += self.readiness._repr_html_()
+        return hv.card(f"server {self.name}", body, state=state, status=self.state)
+
+
+class LogTail:
+    """The last lines of a server log, shown folded."""
+
+    def __init__(self, name: str, lines: list[str]) -> None:
+        self.name = name
+        self.lines = lines
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        return hv.card(f"{self.name}: server.log (last {len(self.lines)} lines)", hv.fold(self.lines, keep=20))
