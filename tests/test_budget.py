@@ -4,7 +4,7 @@ the decode roofline against the reference figures."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+import itertools
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ VERSION = "0.5.23"
 
 
 @pytest.fixture(scope="module")
-def twin_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+def twin_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The twin's startup logs of Config B (OOM) and Config B-fixed (ready), at 1/50 of real time."""
     tmp = tmp_path_factory.mktemp("budget")
     env = {"DSV4LAB_TWIN_TIME_SCALE": "0.02", "DSV4LAB_TWIN_STATE_DIR": str(tmp / "state"), "SGLANG_LOG_MS": "1"}
@@ -51,7 +51,7 @@ def twin_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pa
         finally:
             h.stop(grace_s=1.0)
         logs[name] = Path(h.log_path)
-    yield logs
+    return logs
 
 
 def test_config_b_observed_agrees_with_predicted_within_the_stated_error(twin_logs: dict[str, Path]) -> None:
@@ -110,7 +110,7 @@ def test_phases_and_the_oom_point_of_config_b(twin_logs: dict[str, Path]) -> Non
     utc = dt.timezone.utc
     spans = phases_from_log(twin_logs["B"], tz=utc)
     assert [s.name for s in spans] == ["init", "weights", "KV pool", "CUDA graph capture", "crash"]
-    assert all(a.end == b.start for a, b in zip(spans, spans[1:], strict=False))
+    assert all(a.end == b.start for a, b in itertools.pairwise(spans))
     assert all(s.start.tzinfo is not None and s.seconds >= 0 for s in spans)
     assert spans[1].seconds > spans[2].seconds  # weights load far longer than the KV pool takes
     # SGLANG_LOG_MS=1: sub-second bounds survive.
@@ -125,7 +125,15 @@ def test_phases_and_the_oom_point_of_config_b(twin_logs: dict[str, Path]) -> Non
 
 def test_phases_of_a_ready_server_with_draft_graphs(twin_logs: dict[str, Path]) -> None:
     names = [s.name for s in phases_from_log(twin_logs["B-fixed"])]
-    assert names == ["init", "weights", "KV pool", "CUDA graph capture", "draft CUDA graph capture", "warmup", "serving"]
+    assert names == [
+        "init",
+        "weights",
+        "KV pool",
+        "CUDA graph capture",
+        "draft CUDA graph capture",
+        "warmup",
+        "serving",
+    ]
     assert oom_point(twin_logs["B-fixed"]) is None
 
 

@@ -109,7 +109,8 @@ def test_config_b_over_ssh_memory_rises_through_the_phases_and_the_spike_is_kept
 
     def during(name: str) -> pd.Series:
         p = phases[name]
-        return gpu1[(gpu1.index >= p.start) & (gpu1.index <= p.end)]
+        part: pd.Series = gpu1[(gpu1.index >= p.start) & (gpu1.index <= p.end)]
+        return part
 
     weights, kv, graphs = during("weights"), during("KV pool"), during("CUDA graph capture")
     assert len(weights) and len(graphs)
@@ -163,7 +164,11 @@ def test_missing_nvidia_smi_is_a_clear_error(any_host: Host) -> None:
 
 def test_a_failing_nvidia_smi_is_an_error_not_an_empty_frame() -> None:
     # What nvidia-smi prints and does when the driver is gone (a real failure mode on GPU hosts).
-    fail = 'import sys; sys.stdout.write("NVIDIA-SMI has failed because it couldn\'t communicate with the driver\\n"); sys.exit(9)'
+    fail = (
+        "import sys; "
+        'sys.stdout.write("NVIDIA-SMI has failed because it couldn\'t communicate with the driver\\n"); '
+        "sys.exit(9)"
+    )
     sampler = GpuSampler(LocalHost(), smi_command=SmiCommand((sys.executable, "-c", fail)), start_timeout_s=15)
     with pytest.raises(GpuSamplerError, match="printed no samples and exited with status 9"):
         sampler.start()

@@ -17,7 +17,14 @@ Vega-Lite), :func:`enable_offline_renderer` (JupyterLab + nbconvert without a CD
 
 from __future__ import annotations
 
-from dsv4lab.plots.bench import latency_distributions, request_timeline, roofline_gap, throughput_vs_concurrency
+from dsv4lab.plots.bench import (
+    MEASURED,
+    MODELLED,
+    latency_distributions,
+    request_timeline,
+    roofline_gap,
+    throughput_vs_concurrency,
+)
 from dsv4lab.plots.memory import downsample_timeline, memory_budget, memory_timeline
 from dsv4lab.plots.render import enable_offline_renderer, save_png, svg_figure, to_spec, to_svg
 from dsv4lab.plots.server import decode_stats, kernel_breakdown
@@ -26,6 +33,8 @@ from dsv4lab.plots.theme import register_theme
 register_theme()
 
 __all__ = [
+    "MEASURED",
+    "MODELLED",
     "decode_stats",
     "downsample_timeline",
     "enable_offline_renderer",

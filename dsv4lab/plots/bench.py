@@ -29,6 +29,13 @@ MODELLED = "output tok/s, modelled hardware"
 _VERDICT_WORDS = {"better": "better", "worse": "worse", "no detectable difference": "no detectable difference"}
 
 
+def _auto_scale(runs: Sequence[BenchResult]) -> float:
+    """The twin's time scale the runs were measured at (1 for a real server or when they disagree)."""
+    scales = {getattr(r, "time_scale", None) for r in runs}
+    only = scales.pop() if len(scales) == 1 else None
+    return float(only) if isinstance(only, (int, float)) and only > 0 else 1.0
+
+
 def _ci_half(sd: float, n: int, confidence: float = 0.95) -> float:
     if n < 2 or not math.isfinite(sd):
         return 0.0
@@ -154,14 +161,17 @@ def _quantiles(values: np.ndarray) -> dict[str, float]:
 def latency_distributions(
     results: BenchResult | Sequence[BenchResult],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     title: str | Sequence[str] | None = None,
 ) -> alt.HConcatChart:
     """Time to first token and inter-token latency per run: box from p25 to p75, median tick, whiskers
-    p5-p95. ``scale`` is a twin's time scale: modelled-hardware times are measured times / scale."""
+    p5-p95. ``scale`` is a twin's time scale (modelled-hardware times are measured times / scale); by
+    default the runs' own (``BenchResult.time_scale``), 1 for a real server."""
     runs = [results] if isinstance(results, BenchResult) else list(results)
     if not runs:
         raise PlotError("no benchmark results to draw")
+    if scale is None:
+        scale = _auto_scale(runs)
     rows = []
     for i, r in enumerate(runs):
         ok = r.requests[r.requests["status"] == "ok"] if "status" in r.requests else r.requests
@@ -231,14 +241,17 @@ def request_timeline(
     result: BenchResult,
     *,
     max_requests: int = 1200,
-    scale: float = 1.0,
+    scale: float | None = None,
     title: str | Sequence[str] | None = None,
 ) -> alt.LayerChart:
     """Every request of one run as a bar: queued for a slot, waiting for its first token, decoding.
 
     Shows at a glance whether requests overlapped as intended, where prefill (the wait for the first
-    token) dominates, and stragglers. Runs with more than ``max_requests`` are thinned evenly.
+    token) dominates, and stragglers. Runs with more than ``max_requests`` are thinned evenly. ``scale``:
+    as for :func:`latency_distributions`.
     """
+    if scale is None:
+        scale = _auto_scale([result])
     df = result.requests
     if df.empty:
         raise PlotError("the result has no requests")

@@ -74,7 +74,7 @@ def decode_stats(
     limit = MAX_POINTS // max(1, len(panels_present))
     if len(df) > limit:
         span = float(df["t"].max()) or 1.0
-        width = span / limit
+        width = span / (limit - 1)  # floor() can make one bucket more than span / width
         df = df.assign(t=(df["t"] // width) * width).groupby("t", as_index=False).mean(numeric_only=True)
     charts = []
     for i, (col, label, color) in enumerate(panels_present):
