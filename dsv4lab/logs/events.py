@@ -418,7 +418,7 @@ class ErrorEvent(Event):
     ``message`` is the most telling exception line (or the line itself); ``traceback`` keeps the block's
     lines (capped) for evidence; ``frames`` the ``file:function`` of each frame, innermost last, which is
     how the phase is told when the message is cut off. ``complete`` is False when the block ends before
-    any exception line (a truncated log).
+    any exception line (a truncated log); ``cut`` when its exception line is the log's last line.
     """
 
     kind: ErrorKind
@@ -428,6 +428,7 @@ class ErrorEvent(Event):
     oom: OomFigures | None = None
     complete: bool = True
     head: str | None = None  # e.g. "Scheduler hit an exception"
+    cut: bool = False  # the exception line is the last line of the log, so its message may be cut short
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,6 +45,7 @@ _KIND_CONFIDENCE: dict[ErrorKind, float] = {
 }
 _PRIMARY = 0.9  # import, arch, compile, args, file, port, capture-illegal, imbalance: the text is the cause
 _NO_PHASE = 0.45  # a verdict whose step the log does not show is incomplete, whatever the outcome
+_NO_READY_LINE = 0.45  # "ready" without the engine's ready line
 _LOW_FREE_GIB = 3.0
 _PLENTY_FREE_GIB = 10.0
 
@@ -202,7 +203,9 @@ def _guess(run: RunState, root: ErrorEvent, phase: Phase | None) -> _OutcomeRead
     return _OutcomeReading(Outcome.CRASH, 0.3, False, "not a memory step")
 
 
-def _read_outcome(run: RunState, root: ErrorEvent, phase: Phase | None, oom: OomFigures | None) -> _OutcomeReading:
+def _read_outcome(
+    run: RunState, root: ErrorEvent, phase: Phase | None, oom: OomFigures | None, lines: int
+) -> _OutcomeReading:
     kind = root.kind
     if kind in (ErrorKind.UNKNOWN, ErrorKind.TEARDOWN):
         g = _guess(run, root, phase)
@@ -213,6 +216,10 @@ def _read_outcome(run: RunState, root: ErrorEvent, phase: Phase | None, oom: Oom
     if kind is ErrorKind.OOM and oom is not None and oom.tried_gib is not None:
         conf = 0.95
     memory = kind in MEMORY_KINDS
+    if kind is ErrorKind.OTHER and (root.cut or root.line_no == lines):
+        # An exception the rules do not know, on the log's last line: its message may be cut before the
+        # words that say what it is ("RuntimeError: CUDA out of").
+        return _OutcomeReading(Outcome.CRASH, 0.45, False, "the last line may be cut before it says more")
     return _OutcomeReading(Outcome.OOM if memory else Outcome.CRASH, conf, memory)
 
 
@@ -228,7 +235,7 @@ def _failed(
     reading = _read_phase(run, root, live)
     phase = reading.phase
     oom = root.oom or next((e.oom for e in live if e.oom is not None), None)
-    out = _read_outcome(run, root, phase, oom)
+    out = _read_outcome(run, root, phase, oom, lines)
     kind = root.kind
     facts = memory_facts(run, root.rank, engine, oom)
     if kind in (ErrorKind.UNKNOWN, ErrorKind.TEARDOWN):
@@ -250,6 +257,11 @@ def _failed(
     else:
         cause = cause_sentence(root, kind, phase, oom, facts)
         kind_for_fix = kind
+        if out.guess:
+            cause = cause[:-1] + (
+                "; the log ends on this line, so the decisive part of the message may not be in the log "
+                "(a guess, see confidence)."
+            )
     if reading.strength < 0.9:
         notes.append(f"The phase is read from {reading.source}.")
     confidence = min(out.confidence, reading.strength)
@@ -311,18 +323,23 @@ def _no_error(run: RunState, engine: Engine | None, truncated: bool, lines: int,
         return Diagnosis(outcome=outcome, phase=phase, cause=cause, confidence=round(confidence, 2), **base, **kw)
 
     if run.ready_line:
-        return verdict(
-            Outcome.READY, Phase.SERVING, "The server started and printed its ready line.", 0.98, notes=tuple(notes)
-        )
+        cause = "The server started and printed its ready line."
+        return verdict(Outcome.READY, Phase.SERVING, cause, 0.98, notes=tuple(notes))
+    # Without the ready line a file cannot say the server is (still) healthy: the warmup request can fail
+    # after the HTTP server is up, a serving excerpt can stop just before a crash. READY stays a guess.
+    until = "; the file ends with no error, so whether it stayed up is not in the log."
     if run.batches and run.startup_events == 0:
-        cause = f"The server is serving: {run.batches} batch-stats lines and no error."
-        return verdict(Outcome.READY, Phase.SERVING, cause, 0.9 * factor, notes=tuple(notes))
+        cause = f"The server was serving ({run.batches} batch-stats lines, no error){until}"
+        return verdict(Outcome.READY, Phase.SERVING, cause, _NO_READY_LINE * factor, notes=tuple(notes))
     if run.api_up_line:
+        if run.batches_after_api >= 2:
+            cause = f"The HTTP server is up and served {run.batches_after_api} batches with no error{until}"
+            return verdict(Outcome.READY, Phase.SERVING, cause, _NO_READY_LINE * factor, notes=tuple(notes))
         cause = (
-            "Every scheduler reported ready and the HTTP server is up; the log ends before the ready line "
-            "(warmup request still running, or the log was cut)."
+            "Every scheduler reported ready and the HTTP server is up, but the log ends before the ready line: "
+            "the warmup request may still fail."
         )
-        return verdict(Outcome.READY, Phase.WARMUP, cause, 0.85 * factor, notes=tuple(notes))
+        return verdict(Outcome.READY, Phase.WARMUP, cause, _NO_READY_LINE * factor, notes=tuple(notes))
     done_sglang = run.capacity is not None
     done_vllm = engine is Engine.VLLM and (
         run.engine_ready or (run.kv_seen and (run.graph_finished or run.graph_bar_done))
@@ -339,8 +356,11 @@ def _no_error(run: RunState, engine: Engine | None, truncated: bool, lines: int,
             if run.capacity and run.capacity.available_gib is not None
             else ""
         )
-        cause = f"Startup finished: the log shows {what}{head}, and no error; it ends before the server's ready line."
-        return verdict(Outcome.READY, Phase.WARMUP, cause, 0.65 * factor, notes=tuple(notes))
+        cause = (
+            f"Startup finished: the log shows {what}{head}, and no error; it ends before the server's ready line, "
+            "so the HTTP server and warmup are not in the log."
+        )
+        return verdict(Outcome.READY, Phase.WARMUP, cause, _NO_READY_LINE * factor, notes=tuple(notes))
     phase = run.phase
     if phase is None:
         if run.content > 0:

@@ -9,19 +9,16 @@ memory. The live watcher feeds it line by line; :func:`parse_log` wraps it for f
 from __future__ import annotations
 
 import datetime as _dt
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from dsv4lab.logs import patterns as P
-from dsv4lab.logs.causes import classify_error_text, oom_figures, tier
+from dsv4lab.logs.causes import classify_error_text, oom_figures
 from dsv4lab.logs.events import (
     DecodeBatch,
     Engine,
     ErrorEvent,
     ErrorKind,
     Event,
-    OomFigures,
     PrefillBatch,
     RunStart,
     ServerArgs,
@@ -29,22 +26,14 @@ from dsv4lab.logs.events import (
 from dsv4lab.logs.serverargs import parse_server_args
 from dsv4lab.logs.sglang import parse_progress_line, parse_sglang_message
 from dsv4lab.logs.source import LogSource, iter_lines
+from dsv4lab.logs.tracebacks import CHAIN, DUMP, TB_START, Block, TracebackReader
 from dsv4lab.logs.vllm import VllmPrefix, parse_vllm_message, split_vllm_prefix
 
 __all__ = ["LogParser", "parse_line", "parse_log"]
 
-#: Lines of one traceback kept for evidence: the head and the tail (where the exception is).
-_TB_HEAD = 8
-_TB_TAIL = 48
-#: Lines of exception message after the exception line (SGLang's hint block, wrapped messages).
-_MSG_TAIL = 12
 #: Timestamps that go back by more than this start a new run; less is rank interleaving jitter.
 _REWIND_S = 120.0
 _EMPTY: tuple[Event, ...] = ()
-_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
-_TB_START = "Traceback (most recent call last)"
-#: Python's faulthandler dump (an abort or a hang): one stack per thread, frames without the comma.
-_DUMP = ("Thread 0x", "Current thread 0x")
 #: Substrings of vLLM messages worth reading when a paste lost the line prefix.
 _BARE_MESSAGE_HINTS = ("took", "blocks:", "KV cache", "Memory profiling", "Graph capturing", "Maximum concurrency")
 #: Substrings of a line that may report a failure on its own (checked only on unprefixed lines).
@@ -62,51 +51,6 @@ _BARE_FATAL_HINTS = (
 )
 #: torch's standard advice after a CUDA error: it names assertions and errors without being one.
 _HINT_LINES = ("CUDA kernel errors might be", "For debugging consider", "Compile with `TORCH_USE", "Search for `")
-_TRAILING_NAME = re.compile(r"([A-Za-z_]\w*)$")
-
-
-@dataclass
-class _Block:
-    """A traceback being collected."""
-
-    key: str
-    line_no: int
-    ts: str | None
-    rank: int | None
-    dp: int | None
-    engine: Engine | None
-    head: str | None
-    head_lines: list[str] = field(default_factory=list)
-    tail_lines: list[str] = field(default_factory=list)
-    n_lines: int = 0
-    frames: list[str] = field(default_factory=list)
-    exceptions: list[str] = field(default_factory=list)
-    expect_code: bool = False
-    after_exc: int = 0
-    cut_call: tuple[int, str] | None = None  # (line count when seen, trailing name) of a code line without "("
-
-    def add(self, line: str) -> None:
-        self.n_lines += 1
-        if len(self.head_lines) < _TB_HEAD:
-            self.head_lines.append(line)
-            return
-        self.tail_lines.append(line)
-        if len(self.tail_lines) > _TB_TAIL * 2:
-            del self.tail_lines[:_TB_TAIL]
-
-    def lines(self) -> tuple[str, ...]:
-        tail = self.tail_lines[-_TB_TAIL:]
-        skipped = self.n_lines - len(self.head_lines) - len(tail)
-        middle = [f"... ({skipped} traceback lines omitted) ..."] if skipped > 0 else []
-        return tuple(self.head_lines + middle + tail)
-
-
-def _basename(path: str) -> str:
-    """The file name; vLLM's ``compilation/`` files keep their folder (``backends.py`` alone says nothing)."""
-    head, _, name = path.rpartition("/")
-    if head.endswith("/compilation"):
-        return "compilation/" + name
-    return name
 
 
 def _ts_seconds(ts: str) -> float | None:
@@ -122,7 +66,7 @@ def _ts_seconds(ts: str) -> float | None:
 _LATEST = "9999-19-39 29:59:59"
 
 
-class LogParser:
+class LogParser(TracebackReader):
     """Incremental parser: :meth:`feed` one raw line, get the events it completes; :meth:`close` at EOF.
 
     Lines may still carry ANSI codes and ``\\r`` (they are cleaned here); one call may return events of
@@ -133,8 +77,8 @@ class LogParser:
         self.line_no = 0
         self.votes: dict[Engine, int] = {Engine.SGLANG: 0, Engine.VLLM: 0}
         self.truncated = False  # a line cut mid-prefix or a traceback without its exception was seen
-        self._blocks: dict[str, _Block] = {}
-        self._bare: _Block | None = None
+        self._blocks: dict[str, Block] = {}
+        self._bare: Block | None = None
         self._last_ts: str | None = None
         self._last_ts_engine: Engine | None = None
         self._server_args_seen = False
@@ -155,10 +99,10 @@ class LogParser:
         """Flush open tracebacks (a log cut inside one gives an event with ``complete=False``)."""
         out: list[Event] = []
         if self._bare is not None:
-            out.append(self._finish(self._bare))
+            out.append(self._finish(self._bare, at_eof=True))
             self._bare = None
         for key in list(self._blocks):
-            out.append(self._finish(self._blocks.pop(key)))
+            out.append(self._finish(self._blocks.pop(key), at_eof=True))
         return tuple(out)
 
     @property
@@ -200,6 +144,10 @@ class LogParser:
                 vp = split_vllm_prefix(line)  # "[rank0]: ..." and a VLLM_LOGGING_PREFIX like "[Stage-1] INFO ..."
                 if vp is not None:
                     return self._vllm(line, vp, n)
+                if line[1:2].isupper():
+                    old = self._old_sglang(line, n)
+                    if old is not None:
+                        return old
         elif c == "(" or (c and c in "DIWEC"):
             vp = split_vllm_prefix(line)
             if vp is not None:
@@ -229,7 +177,7 @@ class LogParser:
         elif c0 == "I" and msg.startswith("INFO:") and "Uvicorn" not in msg and "startup" not in msg:
             return _EMPTY  # uvicorn access log
         else:
-            if _TB_START in msg or msg.startswith("server_args="):
+            if TB_START in msg or msg.startswith("server_args="):
                 return self._sglang_slow(line, pre, n)
             ev = parse_sglang_message(msg, n, line, ts, rank, dp)
             if ev is None:
@@ -252,15 +200,15 @@ class LogParser:
         if last is None or ts > last or out:
             self._last_ts = ts
             self._last_ts_engine = Engine.SGLANG
-        if _TB_START in msg:
-            self._bare = _Block(
+        if TB_START in msg:
+            self._bare = Block(
                 key="bare",
                 line_no=n,
                 ts=ts,
                 rank=rank,
                 dp=dp,
                 engine=Engine.SGLANG,
-                head=msg.split(_TB_START, 1)[0].rstrip(": ").strip() or None,
+                head=msg.split(TB_START, 1)[0].rstrip(": ").strip() or None,
             )
             self._bare.add(line)
             self.votes[Engine.SGLANG] += 1
@@ -276,14 +224,16 @@ class LogParser:
         return tuple(out) if out else _EMPTY
 
     def _old_sglang(self, line: str, n: int) -> tuple[Event, ...] | None:
-        """SGLang before 0.4 (``[23:17:01 TP7]``, ``[gpu_id=0]``, ``[rank=1]``): short logs, no fast path."""
+        """SGLang before 0.4 (``[23:17:01 TP7]``, ``[gpu_id=0]``, ``[rank=1]``) or a paste that dropped the
+        timestamp (``[TP0] msg``): short logs, no fast path."""
         m = P.OLD_SGLANG_PREFIX.match(line)
         if m is None:
             return None
         rank: int | None = None
         dp: int | None = None
-        if m.group("tags"):
-            rank, dp = P.parse_tags(m.group("tags"))
+        tags = m.group("tags") or m.group("only")
+        if tags:
+            rank, dp = P.parse_tags(" " + tags)
         for g in ("gpu", "rank"):
             if m.group(g) is not None:
                 rank = int(m.group(g))
@@ -292,9 +242,9 @@ class LogParser:
         if self._bare is not None:
             out.append(self._finish(self._bare))
             self._bare = None
-        if _TB_START in msg:
-            head = msg.split(_TB_START, 1)[0].rstrip(": ").strip() or None
-            self._bare = _Block(key="bare", line_no=n, ts=ts, rank=rank, dp=dp, engine=Engine.SGLANG, head=head)
+        if TB_START in msg:
+            head = msg.split(TB_START, 1)[0].rstrip(": ").strip() or None
+            self._bare = Block(key="bare", line_no=n, ts=ts, rank=rank, dp=dp, engine=Engine.SGLANG, head=head)
             self._bare.add(line)
             self.votes[Engine.SGLANG] += 1
             return tuple(out)
@@ -323,8 +273,8 @@ class LogParser:
             if last is None or vp.ts > last or self._last_ts_engine is not Engine.VLLM:
                 self._last_ts = vp.ts
                 self._last_ts_engine = Engine.VLLM
-        if _TB_START in msg:
-            b = _Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
+        if TB_START in msg:
+            b = Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
             b.add(line)
             self._blocks[key] = b
             return tuple(out)
@@ -343,7 +293,7 @@ class LogParser:
             self._content_since_start += 1
             out.append(ev)
         elif P.FRAME.match(msg):  # a traceback whose "Traceback" line is above the excerpt
-            blk = _Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
+            blk = Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
             self._blocks[key] = blk
             self._continues(blk, msg)
         return tuple(out) if out else _EMPTY
@@ -359,8 +309,8 @@ class LogParser:
         return self._bare_line_new(line, n)
 
     def _bare_line_new(self, line: str, n: int) -> tuple[Event, ...]:
-        if line.startswith(_TB_START) or line.startswith(_CHAIN) or line.startswith(_DUMP) or P.FRAME.match(line):
-            self._bare = _Block(key="bare", line_no=n, ts=None, rank=None, dp=None, engine=None, head=None)
+        if line.startswith(TB_START) or line.startswith(CHAIN) or line.startswith(DUMP) or P.FRAME.match(line):
+            self._bare = Block(key="bare", line_no=n, ts=None, rank=None, dp=None, engine=None, head=None)
             self._continues(self._bare, line)
             return _EMPTY
         if line.startswith(("Capturing", "Loading safetensors", "Loading pt")):
@@ -374,6 +324,15 @@ class LogParser:
             kind = classify_error_text(line)
             if kind is not ErrorKind.OTHER or line.startswith(("RuntimeError", "Exception", "ValueError")):
                 return (_bare_error(line, n, kind),)
+        e = P.EMBEDDED.search(line)
+        if e is not None and e.start() > 0:  # an engine line behind an unknown wrapper: read the engine line
+            self.line_no -= 1
+            return self._line(line[e.start() :])
+        if line.startswith(("new fill batch", "#running-req:")):  # SGLang 0.1's serving lines
+            self.votes[Engine.SGLANG] += 1
+            self._content_since_start += 1
+            batch = PrefillBatch if line[0] == "n" else DecodeBatch
+            return (batch.fast(n, line, None, None, None, Engine.SGLANG),)
         if any(h in line for h in _BARE_MESSAGE_HINTS):
             # A vLLM message whose prefix the user cut off when pasting.
             ev = parse_vllm_message(VllmPrefix("bare", None, None, None, None, line), n, line)
@@ -388,120 +347,14 @@ class LogParser:
                 return (_bare_error(line, n, kind),)
             if line.startswith("Fatal Python error"):
                 return (_bare_error(line, n, ErrorKind.OTHER),)
+        i = line.find(TB_START)
+        if i > 0 or (i < 0 and P.FRAME_ANY.search(line)):
+            # A traceback behind a wrapper (a site logging format): its frames and exception are found anywhere.
+            head = line[:i].rstrip(": ").strip()[-80:] if i > 0 else None
+            self._bare = Block(key="bare", line_no=n, ts=None, rank=None, dp=None, engine=None, head=head or None)
+            self._bare.wrapped = True
+            self._continues(self._bare, line)
         return _EMPTY
-
-    # -- tracebacks -------------------------------------------------------------------------------------------
-
-    def _continues(self, block: _Block, text: str) -> bool:
-        """Add ``text`` to ``block`` if it belongs to it; False means the block has ended before it."""
-        stripped = text.strip()
-        if not stripped:
-            block.add(text)
-            return True
-        if stripped.startswith(_TB_START) or stripped.startswith(_CHAIN) or stripped.startswith(_DUMP):
-            block.add(text)
-            block.after_exc = 0
-            block.expect_code = False
-            return True
-        fm = P.FRAME.match(text)
-        if fm:
-            block.add(text)
-            block.frames.append(f"{_basename(fm.group('file'))}:{fm.group('func')}")
-            block.expect_code = True
-            block.after_exc = 0
-            if "/sglang/" in fm.group("file"):
-                self.votes[Engine.SGLANG] += 1
-            elif "/vllm/" in fm.group("file"):
-                self.votes[Engine.VLLM] += 1
-            return True
-        if text[:1] in (" ", "\t"):
-            block.add(text)
-            if block.expect_code:
-                self._code_line(block, stripped)
-            if 0 < block.after_exc < _MSG_TAIL:
-                block.exceptions[-1] += " " + stripped
-            return True
-        if P.EXCEPTION_LINE.match(stripped):
-            block.add(text)
-            block.exceptions.append(stripped)
-            block.expect_code = False
-            block.after_exc = 1
-            return True
-        if block.expect_code:
-            # A pasted traceback that lost its indentation: the line after a frame is its code.
-            block.add(text)
-            self._code_line(block, stripped)
-            block.expect_code = False
-            return True
-        if block.after_exc and block.after_exc <= _MSG_TAIL and "%|" not in text:
-            block.add(text)
-            if stripped.startswith(("Possible solutions", "Possible suggestions")):
-                block.after_exc = _MSG_TAIL  # SGLang's generic hint list: kept as evidence, never as cause
-            elif block.after_exc < _MSG_TAIL:
-                block.exceptions[-1] += " " + stripped
-            block.after_exc += 1
-            return True
-        return False
-
-    @staticmethod
-    def _code_line(block: _Block, code: str) -> None:
-        block.expect_code = False
-        # Name the call on the frame's code line: a traceback cut right after it still says where it was.
-        i = code.find("(")
-        if i > 0:
-            name = code[:i].rsplit(".", 1)[-1].rsplit(" ", 1)[-1].strip()
-            if name.isidentifier():
-                block.frames.append(f"call:{name}")
-        elif i < 0:
-            m = _TRAILING_NAME.search(code)
-            if m:  # possibly a call cut mid-name ("self.init_cu"); only trusted if the block ends here
-                block.cut_call = (block.n_lines, m.group(1))
-
-    def _finish(self, block: _Block) -> ErrorEvent:
-        lines = block.lines()
-        if not block.exceptions and block.cut_call is not None and block.cut_call[0] == block.n_lines:
-            block.frames.append(f"cut:{block.cut_call[1]}")
-        frames = tuple(block.frames)
-        if block.exceptions:
-            best = min(
-                enumerate(block.exceptions),
-                key=lambda ie: (tier(classify_error_text(ie[1])), -ie[0]),
-            )[1]
-            kind = classify_error_text(best)
-            message = best
-            complete = True
-        else:
-            kind = ErrorKind.UNKNOWN
-            message = (block.head or "traceback") + " (cut off before its exception line)"
-            complete = False
-            self.truncated = True
-        oom: OomFigures | None = None
-        if kind is ErrorKind.OOM:
-            oom = oom_figures(message)
-            if oom is None:
-                for exc in block.exceptions:
-                    oom = oom_figures(exc)
-                    if oom is not None:
-                        break
-            if oom is not None and oom.total_gib is not None and "total capacity of" in message:
-                tail = message.split("total capacity of", 1)[1].strip()
-                if tail and not any(u in tail for u in ("iB", "bytes")):
-                    self.truncated = True
-        return ErrorEvent(
-            line_no=block.line_no,
-            text=lines[0] if lines else "",
-            ts=block.ts,
-            rank=block.rank,
-            dp=block.dp,
-            engine=block.engine,
-            kind=kind,
-            message=message,
-            traceback=lines,
-            frames=frames,
-            oom=oom,
-            complete=complete,
-            head=block.head,
-        )
 
     # -- runs and arguments ------------------------------------------------------------------------------
 

@@ -115,9 +115,21 @@ PARTIAL_PREFIX = re.compile(r"^\[(\d{4}-[\d\- :.]*)$")
 #: SGLang before 0.4 (and its router era): ``[23:17:01 TP7] msg`` (time only), ``[gpu_id=0] msg``,
 #: ``[rank=1] msg``. Issue threads still carry them, so they are read like the modern prefix.
 OLD_SGLANG_PREFIX = re.compile(
-    r"^\[(?:(?P<time>\d\d:\d\d:\d\d)(?P<tags>(?: [A-Z_]+\d+)*)|gpu_id=(?P<gpu>\d+)|rank=(?P<rank>\d+))\] ?(?P<msg>.*)$",
+    r"^\[(?:(?P<time>\d\d:\d\d:\d\d)(?P<tags>(?: [A-Z_]+\d+)*)|gpu_id=(?P<gpu>\d+)|rank=(?P<rank>\d+)"
+    r"|(?P<only>[A-Z_]+\d+(?: [A-Z_]+\d+)*))\] ?(?P<msg>.*)$",
     re.DOTALL,
 )
+#: An engine line behind a wrapper nobody configured for (journald, a log viewer's borders, a cloud export,
+#: a launcher's own logger): vLLM's tag or level+timestamp, or SGLang's full timestamp, anywhere in a line.
+EMBEDDED = re.compile(
+    r"\((?:[^()]{1,80}? pid=\d+[^()]{0,40})\) (?:\[[^\]\s]{1,40}\] )?"
+    r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d "
+    r"|(?<![\w(])(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\]"
+    r"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{3})?(?: [A-Z_]+\d+)*\] "
+)
+#: A frame or an exception line behind such a wrapper.
+FRAME_ANY = re.compile(r'File "(?P<file>[^"]*)", line \d+,? in (?P<func>[\w<>.]+)')
+EXCEPTION_ANY = re.compile(r"(?:^|\s)((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?:\(\w+\))?: .*)$")
 
 #: vLLM: ``(EngineCore_DP0 pid=441) INFO 12-31 14:54:54 [gpu_model_runner.py:3341] msg`` and the older
 #: ``INFO 12-19 22:58:41 model_runner.py:1535] msg`` (no brackets around the source, no process tag).

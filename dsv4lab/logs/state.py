@@ -74,6 +74,7 @@ class RunState:
     last_progress: Event | None = None
     ready_line: int = 0
     api_up_line: int = 0
+    batches_after_api: int = 0  # batch lines after the HTTP server came up (2+: real traffic, not the warmup)
     last_batch_line: int = 0
     batches: int = 0
     startup_events: int = 0
@@ -138,6 +139,8 @@ class RunState:
         if isinstance(ev, DecodeBatch | PrefillBatch):
             self.content += 1
             self.batches += 1
+            if self.api_up_line:
+                self.batches_after_api += 1
             self.last_batch_line = ev.line_no
             self.rank(ev.rank).last_progress_line = ev.line_no
             if self.ready_line or self.startup_events == 0:

@@ -7,8 +7,9 @@ only record of where the server was. Both engines name their steps in function n
 it contains, whatever order the runners nest in:
 
 - the most specific step wins (draft capture > capture > warmup > KV sizing > weights > setup), because
-  a capture runs forward passes that look like serving, and a warmup wraps a sampler run that also
-  happens during profiling;
+  a capture runs forward passes that look like serving;
+- a frame that runs in two steps names neither: vLLM's ``_dummy_sampler_run`` is called from the
+  profiling pass and from the post-capture warmup, so only its caller decides;
 - wrappers that cover several steps (vLLM's ``EngineCore._initialize_kv_caches``, SGLang's
   ``ModelRunner.initialize``) name no step by themselves;
 - a code line cut mid-name (``self.init_cu``) still narrows the call to the known step functions it can
@@ -93,7 +94,6 @@ _RULES: tuple[_Rule, ...] = (
                 "determine_available_memory",
                 "determine_num_available_blocks",
                 "profile_run",
-                "_dummy_sampler_run",
                 "get_kv_cache_config",
                 "get_kv_cache_configs",
                 "check_enough_kv_cache_memory",
@@ -119,6 +119,7 @@ _RULES: tuple[_Rule, ...] = (
                 "initialize_model",
                 "build_model",
                 "get_model",
+                "create_weights",  # a layer allocating its parameters: the model is being built
             }
         ),
         func_parts=("repack",),

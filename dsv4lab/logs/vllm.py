@@ -128,6 +128,7 @@ _STEP_LINES: tuple[tuple[tuple[str, ...], Phase, str], ...] = (
         Phase.WARMUP,
         "kernel warmup",
     ),
+    (("Supported_tasks", "Supported tasks", "Available routes are"), Phase.WARMUP, "API server setup"),
 )
 
 
@@ -218,7 +219,9 @@ def parse_vllm_message(pre: VllmPrefix, line_no: int, text: str) -> Event | None
         kind = classify_error_text(msg)
         if kind is ErrorKind.OTHER and level not in ("ERROR", "CRITICAL"):
             return None
-        if kind is ErrorKind.OTHER and (msg.startswith((" ", "\t", "File ")) or not msg.strip()):
+        if kind is ErrorKind.OTHER and not P.EXCEPTION_LINE.match(msg):
+            # An ERROR record that names no cause and is no exception line: a traceback fragment (code, carets)
+            # or a request-level error the server lives through.
             return None
         return ErrorEvent(
             **base,
