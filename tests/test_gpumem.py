@@ -4,6 +4,7 @@ the real sshd: memory through the startup phases, the OOM spike, twins side by s
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from dsv4lab import plots
 from dsv4lab.budget import oom_point, phases_from_log
 from dsv4lab.config import ServerConfig
 from dsv4lab.gpumem import (
@@ -27,6 +29,7 @@ from dsv4lab.gpumem import (
 )
 from dsv4lab.hosts import Host, LocalHost, SSHHost
 from dsv4lab.launch import ServerHandle, launch
+from dsv4lab.memory import preflight
 from dsv4lab.presets import config_b
 from dsv4lab.watch import Verdict, wait_ready
 from tests.sshd import SSHD, free_port
@@ -124,6 +127,16 @@ def test_config_b_over_ssh_memory_rises_through_the_phases_and_the_spike_is_kept
     # ...and the memory is released after the crash.
     assert gpu1.iloc[-1] < 5
     assert gpu1.idxmax() <= oom.time + pd.Timedelta(seconds=2)
+
+    # The chart reads phases and the OOM from the log on the samples' clock, the static line from preflight.
+    chart = plots.to_spec(
+        plots.memory_timeline(frame, log=log, preflight=preflight(config, "rtx-pro-6000-x8"), config="Config B")
+    )
+    text = json.dumps(chart)
+    assert oom.label() in text and "Config B: GPU 1 ran out of memory in CUDA graph capture" in text
+    bands = [r for rows in chart["datasets"].values() for r in rows if "start_s" in r]
+    assert [b["phase"] for b in bands][-2:] == ["CUDA graph capture", "crash"]
+    assert all(float(frame["t"].min()) <= b["start_s"] <= float(frame["t"].max()) for b in bands)
 
     again = read_samples_csv(csv_path)
     assert list(again.columns) == list(COLUMNS)

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
-from dsv4lab.budget import CATEGORIES, ObservedBudget, OomPoint, PhaseSpan, budget_frame
+from dsv4lab.budget import (
+    CATEGORIES,
+    ObservedBudget,
+    OomPoint,
+    PhaseSpan,
+    budget_frame,
+    log_events,
+    oom_point,
+    phases_from_log,
+)
 from dsv4lab.errors import PlotError
+from dsv4lab.logs.source import LogSource
 from dsv4lab.memory import Preflight
 from dsv4lab.plots.theme import BUDGET_COLORS, GPU_COLORS, PHASE_COLORS, WIDTH
 
@@ -64,6 +75,8 @@ def _spans_frame(phases: Sequence[PhaseSpan] | pd.DataFrame | None, t0: pd.Times
 def memory_timeline(
     samples: pd.DataFrame,
     *,
+    log: LogSource | None = None,
+    preflight: Preflight | None = None,
     phases: Sequence[PhaseSpan] | pd.DataFrame | None = None,
     oom: OomPoint | None = None,
     mem_fraction_static: float | None = None,
@@ -77,14 +90,28 @@ def memory_timeline(
     """Used memory per GPU over time, with the startup phases as bands, the card's capacity, the line
     ``mem_fraction_static`` puts under weights + KV pool, and the OOM marked with its figures.
 
-    ``samples`` is :meth:`dsv4lab.gpumem.GpuSampler.frame`; ``phases`` and ``oom`` come from
-    :mod:`dsv4lab.budget` (give them the sampler's ``host_tz`` so that log and samples share a clock).
-    ``free_before_load_gib`` places the static-fraction line exactly (preflight or the log has it); without
+    ``samples`` is :meth:`dsv4lab.gpumem.GpuSampler.frame`. Give the server's ``log`` (a local path or its
+    lines) and the phases and the OOM are read from it on the samples' clock (the host's UTC offset they
+    carry); or pass ``phases`` / ``oom`` from :mod:`dsv4lab.budget` yourself. A ``preflight`` supplies
+    ``mem_fraction_static`` and the free memory before load that place the static line exactly; without
     it the line is estimated from the GPU's lowest sample. ``highlight`` (default: the OOM's GPU) is drawn
-    thicker.
+    thicker and on top.
     """
     if samples is None or samples.empty:
         raise PlotError("no GPU samples to draw (was the sampler started before the server?)")
+    if log is not None:
+        events = log_events(log)
+        host_tz = _dt.timezone(_dt.timedelta(seconds=int(samples.attrs.get("utc_offset_s", 0))))
+        tz = host_tz if "utc_offset_s" in samples.attrs else None
+        phases = phases if phases is not None else phases_from_log(events, tz=tz)
+        oom = oom if oom is not None else oom_point(events, tz=tz)
+    if preflight is not None:
+        mem_fraction_static = mem_fraction_static or preflight.settings.mem_fraction_static
+        if free_before_load_gib is None:
+            focus = oom.gpu if oom is not None and oom.gpu is not None else highlight
+            if focus is None or focus >= len(preflight.per_gpu):
+                focus = min(preflight.per_gpu, key=lambda g: g.free_before_load_gib).gpu
+            free_before_load_gib = preflight.per_gpu[focus].free_before_load_gib
     data = samples if gpus is None else samples[samples["gpu"].isin(list(gpus))]
     if data.empty:
         raise PlotError(f"no samples for GPUs {list(gpus or [])}; the frame has {sorted(samples['gpu'].unique())}")
@@ -95,12 +122,15 @@ def memory_timeline(
         first = data.iloc[0]
         t0 = pd.Timestamp(first["time"]) - pd.Timedelta(seconds=float(first["t"]))
     data = downsample_timeline(data, max_points - 64)
-    t_max = float(data["t"].max())
-    t_min = float(data["t"].min())
+    span_s = float(data["t"].max()) - float(data["t"].min())
+    # Seconds for a launch, minutes for a benchmark, hours for a day: tick labels stay short.
+    div, unit = (1.0, "s") if span_s <= 600 else (60.0, "min") if span_s <= 3 * 3600 else (3600.0, "h")
+    t_max = float(data["t"].max()) / div
+    t_min = float(data["t"].min()) / div
     total = float(data["total_mib"].max()) / 1024
     lines = pd.DataFrame(
         {
-            "t": data["t"].round(3),
+            "t": (data["t"] / div).round(4),
             "used_gib": (data["used_mib"] / 1024).round(3),
             "GPU": [f"GPU {g}" for g in data["gpu"]],
             "width": [3.0 if g == highlight else 1.5 for g in data["gpu"]],
@@ -111,11 +141,18 @@ def memory_timeline(
     gpu_range = ["#000000" if name == f"GPU {highlight}" else palette[i] for i, name in enumerate(gpu_names)]
     # The highlighted GPU is drawn last, on top of the others it overlaps.
     lines = lines.assign(_top=(lines["GPU"] == f"GPU {highlight}").astype(int)).sort_values(["_top", "GPU", "t"])
-    x = alt.X("t:Q", title="time since sampling started (s)", scale=alt.Scale(domain=[t_min, t_max], nice=False))
+    x = alt.X(
+        "t:Q",
+        title=f"time since sampling started ({unit})",
+        scale=alt.Scale(domain=[t_min, t_max], nice=False),
+        axis=alt.Axis(tickCount=10, labelOverlap=True),
+    )
     y_scale = alt.Scale(domain=[0, total * 1.1], nice=False)  # room above capacity for the OOM label
     layers: list[Any] = []
 
     spans = _spans_frame(phases, t0)
+    spans["start_s"] = spans["start_s"] / div
+    spans["end_s"] = spans["end_s"] / div
     if not spans.empty:
         spans["start_s"] = spans["start_s"].clip(lower=t_min, upper=t_max)
         spans["end_s"] = spans["end_s"].clip(lower=t_min, upper=t_max)
@@ -160,7 +197,7 @@ def memory_timeline(
             detail="GPU:N",
             tooltip=[
                 alt.Tooltip("GPU:N"),
-                alt.Tooltip("t:Q", format=".2f", title="s"),
+                alt.Tooltip("t:Q", format=".2f", title=unit),
                 alt.Tooltip("used_gib:Q", format=".2f", title="GiB"),
             ],
         )
@@ -195,18 +232,33 @@ def memory_timeline(
             ),
         )
     )
-    layers.append(
-        alt.Chart(ref_frame.assign(x=t_min))
-        .mark_text(align="left", baseline="top", dx=4, dy=4, fontSize=11, color="#333333")
-        .encode(
-            x=alt.X("x:Q", scale=alt.Scale(domain=[t_min, t_max], nice=False)),
-            y=alt.Y("y:Q", scale=y_scale),
-            text="label:N",
+    # Capacity's label under its line, the cap's over its line, at whichever end of the chart has no line
+    # where the text would go (usually the left, before the memory rises).
+    y_top = total * 1.1
+    for row in ref_frame.itertuples():
+        below = row.dash == "solid"
+        band = (row.y - 0.07 * y_top, row.y) if below else (row.y, row.y + 0.07 * y_top)
+        width = min(0.95, len(str(row.label)) * 6.6 / WIDTH) * (t_max - t_min)
+        side = _free_side(lines, band, width, t_min, t_max)
+        layers.append(
+            alt.Chart(pd.DataFrame([{"x": t_min if side == "left" else t_max, "y": row.y, "label": row.label}]))
+            .mark_text(
+                align=side,
+                baseline="top" if below else "bottom",
+                dx=4 if side == "left" else -4,
+                dy=4 if below else -3,
+                fontSize=11,
+                color="#333333",
+            )
+            .encode(
+                x=alt.X("x:Q", scale=alt.Scale(domain=[t_min, t_max], nice=False)),
+                y=alt.Y("y:Q", scale=y_scale),
+                text="label:N",
+            )
         )
-    )
 
     if oom is not None and oom.time is not None and t0 is not None:
-        oom_t = (oom.time - t0).total_seconds()
+        oom_t = (oom.time - t0).total_seconds() / div
         used = oom.used_gib
         if used is None or not np.isfinite(used):
             near = lines[lines["GPU"] == f"GPU {oom.gpu}"]
@@ -262,6 +314,19 @@ def memory_timeline(
         width=WIDTH, height=320, title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
     )
     return out
+
+
+def _free_side(
+    lines: pd.DataFrame, band: tuple[float, float], width: float, t_min: float, t_max: float
+) -> Literal["left", "right"]:
+    """ "left" or "right": the end of the chart where fewer line points fall inside a label's box."""
+
+    def hits(lo: float, hi: float) -> int:
+        inside = lines[(lines["t"] >= lo) & (lines["t"] <= hi)]
+        crossing = (inside["used_gib"] >= band[0]) & (inside["used_gib"] <= band[1])
+        return int(crossing.sum())
+
+    return "left" if hits(t_min, t_min + width) <= hits(t_max - width, t_max) else "right"
 
 
 def _offset(t: pd.Timestamp) -> str:

@@ -183,10 +183,12 @@ def kernel_breakdown(
     if title is None:
         first_kind = kinds.sort_values("pct", ascending=False).iloc[0]
         _, share = breakdown.top()
-        title = (
-            f"{str(first_kind['kind']).capitalize()} kernels take {first_kind['pct']:.0f}% of GPU time; "
-            f"the top kernel alone {share:.0%}"
-        )
+        kind = str(first_kind["kind"])
+        head = f"{kind.capitalize()} kernels take {first_kind['pct']:.0f}% of GPU time"
+        if abs(share * 100 - float(first_kind["pct"])) < 1.0 and kernels["kind"].iloc[0] == kind:
+            title = f"{head}, nearly all of it in one kernel"
+        else:
+            title = f"{head}; the top kernel alone {share:.0%}"
     subtitle = f"{breakdown.total_ms:,.0f} ms of GPU kernel time in the profile; top kernel: {breakdown.top()[0]}"
     chart_out: alt.HConcatChart = (
         alt.hconcat(left, right, spacing=40)

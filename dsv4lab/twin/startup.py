@@ -297,10 +297,10 @@ def run_rank(ctx: RankContext, on_ready: Callable[[], None]) -> None:
                     oom, ("sglang/srt/mem_cache/memory_pool.py", 640, "_create_buffers", "torch.zeros(")
                 )
             ) from None
+        publish()  # the pool is one allocation: nvidia-smi sees it at once, the log lines come after
         clock.sleep(ctx.times.kv_alloc_s)
         log.log(logfmt.kv_allocated(release, ctx.kv_dtype, tokens, tokens * bytes_per_token / GiB))
         log.log(f"Memory pool end. avail mem={logfmt.fmt_gb(mem.free_gib)} GB")
-        publish()
 
     kv_pool(plan.kv_pool_gib, plan.kv_tokens, plan.kv_bytes_per_token)
 
