@@ -11,7 +11,10 @@ truncated lines) to a temp file, then measures in the same run:
 and prints lines/s, the ratio to each peer, and peak memory (``ru_maxrss`` growth during the parse plus a
 ``tracemalloc`` peak on a slice). Target: >= 300,000 lines/s for ``parse_log`` on one core, flat memory.
 
-    .venv/bin/python benchmarks/parse_throughput.py [--lines 1000000]
+    .venv/bin/python benchmarks/parse_throughput.py [--lines 1000000] [--repeat 3]
+
+On a shared, noisy machine compare the ratios (``vs regex``), not the lines/s; ``--repeat`` keeps the best
+of N runs of every reader, peers included, which is what two runs minutes apart can be compared on.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ def _rss_mib() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=1, help="best of N runs per reader (noisy machines)")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "server.log"
@@ -178,7 +182,7 @@ def main() -> int:
             ("dsv4lab.logs.classify_line", classify),
             ("dsv4lab.logs.diagnose", diag),
         ):
-            results[name] = _timed(fn)
+            results[name] = min((_timed(fn) for _ in range(max(1, ns.repeat))), key=lambda r: r[0])
         rss_after = _rss_mib()
 
         base_plain = n / results["peer: for line in f: pass"][0]

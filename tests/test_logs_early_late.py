@@ -43,11 +43,17 @@ def test_an_import_failure_before_any_engine_line_is_the_cause(lines: list[str])
     assert d.fixes and "environment" in d.fixes[0].change
 
 
-def test_a_warning_about_an_import_is_not_fatal() -> None:
-    line = (
+@pytest.mark.parametrize(
+    "line",
+    [
         "WARNING 09-04 04:55:04 _core_ext.py:180] Failed to import from vllm._core_C with ImportError("
-        "'/opt/conda/lib/python3.10/site-packages/vllm/_core_C.abi3.so: undefined symbol: _ZN5torch6detail')"
-    )
+        "'/opt/conda/lib/python3.10/site-packages/vllm/_core_C.abi3.so: undefined symbol: _ZN5torch6detail')",
+        "[2025-03-07 10:00:00] Ignore import error when loading sglang.srt.models.mllama: No module named 'x'",
+        "[rank0]:[W1030 15:32:32.970893361 socket.cpp:464] [c10d] The server socket has failed to bind to "
+        "[::]:29500 (errno: 98 - Address already in use).",
+    ],
+)
+def test_a_warning_that_mentions_an_import_or_a_port_is_not_fatal(line: str) -> None:
     assert classify_line(line) is LineKind.WARNING
 
 

@@ -96,7 +96,7 @@ _FATAL = (
 # Import/ABI and port failures say so mid-line, often before any engine line. A warning that only mentions
 # them (vLLM's "Failed to import from vllm._C with ImportError(...)") is not fatal.
 _EARLY_LATE = ("No module named", "undefined symbol", "address already in use", "Address already in use")
-_WARNING_LEVELS = ("WARNING ", "WARN ", "] WARNING", ") WARNING")
+_NOT_FATAL = ("WARNING ", "WARN ", "] WARNING", ") WARNING", "Ignore import error", "Failed to import")
 # (needle, kind) for progress; the first match wins, so more specific needles come first.
 _PROGRESS = (
     ("Capturing batches", LineKind.CUDA_GRAPH),
@@ -154,7 +154,10 @@ def classify_line(line: str) -> LineKind:
     if "No module" in line or "symbol" in line or "in use" in line:
         for needle in _EARLY_LATE:
             if needle in line:
-                return LineKind.WARNING if any(w in line for w in _WARNING_LEVELS) else LineKind.FATAL
+                # A warning that mentions one (torch's "[W..." bind retry, SGLang's optional-model imports)
+                # is not the death.
+                survivable = "[W" in line[:24] or any(w in line for w in _NOT_FATAL)
+                return LineKind.WARNING if survivable else LineKind.FATAL
     if "kill_process_tree" in line and "include_parent=True" in line:
         return LineKind.FATAL
     for needle, kind in _PROGRESS:
