@@ -64,7 +64,7 @@ def test_corpus_size_and_coverage() -> None:
     labels = [_label(p) for p in LABELS]
     assert len(labels) >= 60
     assert {lab["engine"] for lab in labels} == {"sglang", "vllm"}
-    assert {lab["split"] for lab in labels} == {"dev", "heldout"}
+    assert {lab["split"] for lab in labels} == {"dev", "heldout", "heldout2"}
     phases = {lab["phase"] for lab in labels}
     assert phases >= {p.value for p in Phase}, "every phase has at least one real case"
     assert sum(not lab["decisive_line_present"] for lab in labels) >= 15, "cut-off excerpts of each kind"
@@ -76,7 +76,7 @@ def test_label_file_is_well_formed(label: Path) -> None:
     assert set(data) == KEYS
     assert data["source"].startswith("https://github.com/")
     assert data["outcome"] in OUTCOMES and data["phase"] in PHASES
-    assert data["split"] in {"dev", "heldout"}
+    assert data["split"] in {"dev", "heldout", "heldout2"}
     assert isinstance(data["decisive_line_present"], bool)
     assert (data["decisive_line"] is not None) == data["decisive_line_present"]
     assert data["cause"].strip()
@@ -115,6 +115,6 @@ def test_accuracy_targets() -> None:
     assert sum(phase) >= 0.9 * len(phase), TOOL.case_lines(scores)
     assert not [s.case.name for s in scores if s.confident_wrong]
     assert all(s.outcome_right for s in scores if s.case.decisive and s.outcome_right is not None)
-    table = TOOL.table(scores, ["dev", "heldout"])
+    table = TOOL.table(scores, ["dev", "heldout", "heldout2"])
     assert "confident wrong" in table and "| all" in table
     assert "Brier score" in TOOL.calibration(scores)

@@ -2,8 +2,9 @@
 
 The corpus is ``tests/data/logs/corpus/``: real excerpts from public GitHub threads, each with a label file
 written from what the thread says. ``split`` says how a case was used: ``dev`` cases were read while the
-rules were written; ``heldout`` cases were collected and labelled only after the rules were frozen (commit
-named in the README), so their figures are the honest generalisation estimate. The ten shared cases
+rules were written; ``heldout`` and ``heldout2`` cases were collected and labelled only after the rules
+were frozen (two rounds; commits named in the README), so their figures at those commits are the honest
+generalisation estimate. The ten shared cases
 (``../shared/logs``) are scored as their own group.
 
 Scoring, per case, only for what the label states (``null`` = the thread does not say):
@@ -235,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     answers = diagnose_at(ns.rules_at, cases) if ns.rules_at else diagnose_cases(cases)
     scores = [score(c, answers[c.name]) for c in cases if c.name in answers]
-    groups = [g for g in ("dev", "heldout", "shared") if any(c.group == g for c in cases)]
+    groups = [g for g in ("dev", "heldout", "heldout2", "shared") if any(c.group == g for c in cases)]
     rules = f"rules at {ns.rules_at}" if ns.rules_at else "rules in the working tree"
     threads = len({c.source for c in cases})
     print(f"Diagnosis accuracy on {len(scores)} real logs from {threads} threads ({rules})\n")
