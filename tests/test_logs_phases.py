@@ -282,3 +282,47 @@ def test_a_wrapper_that_names_the_worker_method_gives_the_step_not_the_cause(lin
     d = diagnose([line])
     assert d.phase is phase
     assert d.confidence < 0.5 and "not in the log" in d.cause
+
+
+_PCG = "[2026-06-10 13:08:34 TP7] Piecewise CUDA Graph failed with error: 'Ctx' object has no attribute 'num_tokens'"
+_SCHED = "[2026-06-10 13:08:34 TP7] Scheduler hit an exception: Traceback (most recent call last):"
+
+
+def test_a_graph_wrapper_line_is_capture_unless_the_traceback_is_the_serving_loop() -> None:
+    frame = '  File "/sgl/srt/managers/scheduler.py", line 1, in __init__'
+    init = [_PCG, _SCHED, frame, "    self.init_model_worker()"]
+    d = diagnose(init)
+    assert (d.outcome, d.phase) == (Outcome.CRASH, Phase.CUDA_GRAPH_CAPTURE)
+    serving = [_PCG, _SCHED, '  File "/sgl/srt/managers/scheduler.py", line 1, in event_loop_overlap', "    x()"]
+    assert diagnose(serving).phase is Phase.SERVING
+
+
+def test_vllm_compilation_files_name_their_own_steps() -> None:
+    assert frame_phase(("compilation/backends.py:call_module",)) is Phase.KV_CACHE_ALLOC
+    assert frame_phase(("compilation/cuda_graph.py:__call__", "graphs.py:capture_end")) is Phase.CUDA_GRAPH_CAPTURE
+    assert frame_phase(("llama.py:__init__", "compilation/decorators.py:__init__", "llama.py:make_layers")) is (
+        Phase.WEIGHT_LOADING
+    )
+    assert frame_phase(("custom_all_reduce.py:register_graph_buffers",)) is Phase.CUDA_GRAPH_CAPTURE
+
+
+def test_torch_compile_frames_in_sglang_point_at_capture_as_a_guess() -> None:
+    lines = [
+        "[2025-12-20 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/x/torch/_dynamo/eval_frame.py", line 1044, in _fn',
+        "    return fn(*args, **kwargs)",
+        '  File "/x/torch/fx/graph_module.py", line 837, in call_wrapped',
+        "    return self._wrapped_call(self, *args, **kwargs)",
+    ]
+    d = diagnose(lines)
+    assert d.phase is Phase.CUDA_GRAPH_CAPTURE and d.confidence < 0.5
+
+
+def test_host_memory_is_not_a_gpu_oom() -> None:
+    line = (
+        "Failed to load model with Error: unable to mmap 4965799096 bytes from file <m/model-00001-of-00002"
+        ".safetensors>: Cannot allocate memory ("
+    )
+    d = diagnose([line])
+    assert (d.outcome, d.phase) == (Outcome.CRASH, Phase.WEIGHT_LOADING)
+    assert "not GPU memory" in d.cause and d.fixes and "host RAM" in d.fixes[0].change

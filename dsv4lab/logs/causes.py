@@ -99,6 +99,7 @@ _RULES: tuple[tuple[ErrorKind, tuple[str, ...]], ...] = (
             "cannot open shared object file",
         ),
     ),
+    (ErrorKind.HOST_MEMORY, ("Cannot allocate memory", "unable to mmap", "[Errno 12]")),
     (
         ErrorKind.PORT,
         ("Address already in use", "address already in use", "EADDRINUSE", "error while attempting to bind"),
@@ -220,6 +221,7 @@ _TIER: dict[ErrorKind, int] = {
     ErrorKind.FREE_MEMORY: 0,
     ErrorKind.PORT: 0,
     ErrorKind.GRAPH_CAPTURE: 0,
+    ErrorKind.HOST_MEMORY: 0,
     ErrorKind.ARGS: 0,
     ErrorKind.FILE: 0,
     ErrorKind.CUDA: 1,

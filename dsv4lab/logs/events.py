@@ -89,6 +89,7 @@ class ErrorKind(str, Enum):
     FREE_MEMORY = "free_memory"  # less GPU memory free at startup than the configured share asks for
     PORT = "port"  # the HTTP or a distributed port is already taken
     GRAPH_CAPTURE = "graph_capture"  # an operation CUDA graph capture does not allow (not memory)
+    HOST_MEMORY = "host_memory"  # the host (RAM, mmap, ulimit) refused memory: not a GPU OOM
     HOST_KILL = "host_kill"  # SIGKILL (-9), often the OS OOM killer
     ARGS = "args"  # the launch command was rejected
     FILE = "file"  # weights/config not found or not downloadable

@@ -377,6 +377,13 @@ _CRASH_FIXES: dict[ErrorKind, tuple[tuple[str, str], ...]] = {
     ErrorKind.CUDA: (
         ("rerun with CUDA_LAUNCH_BLOCKING=1", "Finds the kernel that failed; often a driver/build mismatch or a bug."),
     ),
+    ErrorKind.HOST_MEMORY: (
+        (
+            "free host RAM / raise the memory limit (free -g, ulimit -v, the container's memory limit)",
+            "The operating system refused the allocation (mmap of a weight shard, a new process); GPU memory "
+            "settings do not change it.",
+        ),
+    ),
     ErrorKind.PORT: (
         (
             "pick a free --port, or stop what holds it (ss -ltnp | grep :PORT)",

@@ -22,7 +22,7 @@ from dsv4lab.logs.facts import memory_facts
 from dsv4lab.logs.fixes import fixes_for
 from dsv4lab.logs.patterns import METHOD, VLLM_FREE_ON_START
 from dsv4lab.logs.state import RunState
-from dsv4lab.logs.steps import allocates, frame_step, import_time
+from dsv4lab.logs.steps import allocates, frame_step, import_time, sglang_compile_guess
 from dsv4lab.logs.verdict import Diagnosis, Outcome, unknown
 from dsv4lab.logs.wording import cause_sentence, evidence_lines, where
 
@@ -120,7 +120,15 @@ def _read_phase(run: RunState, root: ErrorEvent, live: list[ErrorEvent]) -> _Pha
     draft = (steps is not None and steps.phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE) or (
         (own_phase or run.phase) is Phase.DRAFT_CUDA_GRAPH_CAPTURE
     )
-    if "Capture cuda graph failed" in msg or "graph capture failed" in msg.lower() or kind is ErrorKind.GRAPH_CAPTURE:
+    low = msg.lower()
+    if "capture cuda graph failed" in low or "graph capture failed" in low or "cuda graph failed" in low:
+        # A graph wrapper's message ("Piecewise CUDA Graph failed with error") is capture, unless the
+        # accompanying traceback shows the scheduler's serving loop (a graph that failed at run time).
+        if any(_serving_frames(e) for e in live if e is not root):
+            return _PhaseReading(Phase.SERVING, 0.8, "the frames of the accompanying traceback (serving loop)")
+        phase = Phase.DRAFT_CUDA_GRAPH_CAPTURE if draft else Phase.CUDA_GRAPH_CAPTURE
+        return _PhaseReading(phase, 0.95, "the error message")
+    if kind is ErrorKind.GRAPH_CAPTURE:
         phase = Phase.DRAFT_CUDA_GRAPH_CAPTURE if draft else Phase.CUDA_GRAPH_CAPTURE
         return _PhaseReading(phase, 0.95, "the error message")
     if "warmup error" in msg or (root.head and "warmup" in root.head):
@@ -146,6 +154,10 @@ def _read_phase(run: RunState, root: ErrorEvent, live: list[ErrorEvent]) -> _Pha
         return _PhaseReading(Phase.STARTUP_OTHER, 0.85, "the kind of error (it happens at start)")
     if steps is not None:
         return _PhaseReading(steps.phase, 0.45, "a call name cut off mid-word (a guess)")
+    if root.engine is not Engine.VLLM and run.engines != {Engine.VLLM} and sglang_compile_guess(root.frames):
+        return _PhaseReading(
+            Phase.CUDA_GRAPH_CAPTURE, 0.45, "torch.compile frames (SGLang compiles for graphs; a guess)"
+        )
     if import_time(root.frames):
         return _PhaseReading(Phase.STARTUP_OTHER, 0.8, "the traceback (module imports only)")
     if own_phase is not None:
@@ -157,6 +169,11 @@ def _read_phase(run: RunState, root: ErrorEvent, live: list[ErrorEvent]) -> _Pha
         # failures most often land (SGLang issue threads), so that is the best guess.
         return _PhaseReading(Phase.KV_CACHE_ALLOC, 0.4, "model-runner construction frames (a guess)")
     return _PhaseReading(None, _NO_PHASE, "nothing in the log")
+
+
+def _serving_frames(err: ErrorEvent) -> bool:
+    s = frame_step(err.frames)
+    return s is not None and s.phase is Phase.SERVING
 
 
 # -- what ---------------------------------------------------------------------------------------------------

@@ -263,7 +263,10 @@ def parse_sglang_message(
         return RunEnd(**where, reason=msg)
     if any(h in msg for h in _FATAL_HINTS):
         kind = classify_error_text(msg)
-        if kind is not ErrorKind.OTHER and not msg.startswith(("Ignore import error", "Failed to import")):
+        graph_failed = "CUDA Graph failed" in msg or "cuda graph failed" in msg  # a graph wrapper's own line
+        if (kind is not ErrorKind.OTHER or graph_failed) and not msg.startswith(
+            ("Ignore import error", "Failed to import")
+        ):
             return ErrorEvent(
                 **where,
                 kind=kind,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dsv4lab.logs.events import Phase
 
-__all__ = ["StepEvidence", "allocates", "frame_phase", "frame_step", "import_time"]
+__all__ = ["StepEvidence", "allocates", "frame_phase", "frame_step", "import_time", "sglang_compile_guess"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ _RULES: tuple[_Rule, ...] = (
             "cuda_graph_setup",
             "piecewise_cuda_graph",
             "cudagraph_utils",
+            "compilation/cuda_graph",  # vLLM's CUDAGraphWrapper
         ),
         funcs=frozenset(
             {
@@ -65,6 +66,9 @@ _RULES: tuple[_Rule, ...] = (
                 "_capture_cudagraphs",
                 "capture_cudagraph",
                 "graph_capture",
+                "capture_begin",  # torch.cuda.graph
+                "capture_end",
+                "register_graph_buffers",  # custom all-reduce registers the captured graphs' buffers
             }
         ),
     ),
@@ -84,7 +88,15 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         Phase.KV_CACHE_ALLOC,
-        files=("kv_cache_configurator", "pool_configurator", "kv_cache_utils", "compilation/"),
+        # vLLM compiles the model in the profiling pass (backends / compiler_interface); its other compilation
+        # files wrap model construction (decorators) or graphs (cuda_graph), so they name other steps.
+        files=(
+            "kv_cache_configurator",
+            "pool_configurator",
+            "kv_cache_utils",
+            "compilation/backends",
+            "compilation/compiler_interface",
+        ),
         funcs=frozenset(
             {
                 "init_memory_pool",
@@ -120,6 +132,7 @@ _RULES: tuple[_Rule, ...] = (
                 "build_model",
                 "get_model",
                 "create_weights",  # a layer allocating its parameters: the model is being built
+                "make_layers",
             }
         ),
         func_parts=("repack",),
@@ -216,6 +229,16 @@ def frame_step(frames: tuple[str, ...]) -> StepEvidence | None:
             if phase_cut is not None:
                 return StepEvidence(phase_cut, True)
     return None
+
+
+#: torch.compile's own frames. SGLang compiles only for CUDA graphs (--enable-torch-compile, the piecewise
+#: graph), so in an SGLang traceback they point at capture; a guess, since the step's own frame is missing.
+_COMPILE_FILES = ("eval_frame.py", "graph_module.py", "compile_fx.py", "convert_frame.py")
+
+
+def sglang_compile_guess(frames: tuple[str, ...]) -> bool:
+    """True when an SGLang traceback shows only torch.compile machinery (see ``_COMPILE_FILES``)."""
+    return any(f.split(":", 1)[0] in _COMPILE_FILES for f in frames)
 
 
 def frame_phase(frames: tuple[str, ...]) -> Phase | None:

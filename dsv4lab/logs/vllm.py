@@ -209,6 +209,8 @@ def parse_vllm_message(pre: VllmPrefix, line_no: int, text: str) -> Event | None
     if msg.startswith("init engine") and "took" in msg:
         return PhaseChange(**base, phase=Phase.WARMUP, what="engine initialised")
     if pre.level not in ("ERROR", "CRITICAL", "WARNING", "WARN"):
+        if "[Autotuner]" in msg:  # FlashInfer's autotune, run by kernel warmup
+            return PhaseChange(**base, phase=Phase.WARMUP, what="kernel warmup")
         for needles, phase, what in _STEP_LINES:
             if msg.startswith(needles) or (phase is Phase.KV_CACHE_ALLOC and "torch.compile" in msg):
                 return PhaseChange(**base, phase=phase, what=what)

@@ -39,8 +39,10 @@ _CRASH_TEXTS = {
     ErrorKind.WATCHDOG: "A step or collective hung until a watchdog fired",
     ErrorKind.PORT: "A port the server needs is already in use (another server or a previous run still holds it)",
     ErrorKind.GRAPH_CAPTURE: "An operation that CUDA graph capture does not allow ran while a graph was being captured",
+    ErrorKind.HOST_MEMORY: "The host refused a memory allocation (RAM, mmap or ulimit), not the GPU",
 }
 _NOT_MEMORY = (ErrorKind.ARCH, ErrorKind.NCCL, ErrorKind.NETWORK, ErrorKind.PORT, ErrorKind.GRAPH_CAPTURE)
+_NOT_GPU = (ErrorKind.HOST_MEMORY,)
 
 
 def where(phase: Phase | None) -> str:
@@ -99,7 +101,7 @@ def cause_sentence(
     if kind is ErrorKind.KV_EXHAUSTED:
         return f"The KV pool could not hold the running batch while serving ({msg})."
     if kind in _CRASH_TEXTS:
-        tail = " — not a memory problem" if kind in _NOT_MEMORY else ""
+        tail = " — not a memory problem" if kind in _NOT_MEMORY else (" — not GPU memory" if kind in _NOT_GPU else "")
         return f"{_CRASH_TEXTS[kind]} during {where(phase)}{tail}: {msg}."
     return f"The server failed during {where(phase)}: {msg}."
 
