@@ -153,12 +153,12 @@ def _tz(utc_offset_s: int) -> _dt.timezone:
 
 
 def _frame(rows: Sequence[tuple[float, int, float, float, float]], t0: float, utc_offset_s: int) -> pd.DataFrame:
-    epoch = pd.Series([r[0] for r in rows], dtype=float)
-    times = pd.to_datetime(epoch, unit="s", utc=True).dt.tz_convert(_tz(utc_offset_s))
+    epoch = pd.Series([r[0] for r in rows], dtype=float).round(3)  # nvidia-smi stamps milliseconds
+    times = pd.to_datetime((epoch * 1000).round().astype("int64"), unit="ms", utc=True).dt.tz_convert(_tz(utc_offset_s))
     frame = pd.DataFrame(
         {
             "time": times,
-            "t": epoch - t0,
+            "t": (epoch - t0).round(3),
             "gpu": pd.Series([r[1] for r in rows], dtype="int64"),
             "used_mib": pd.Series([r[2] for r in rows], dtype=float),
             "total_mib": pd.Series([r[3] for r in rows], dtype=float),

@@ -379,3 +379,10 @@ def test_svg_png_and_the_offline_renderer(tmp_path: Path) -> None:
     assert bundle["image/svg+xml"].lstrip().startswith("<svg")
     assert "Attention kernels" in bundle["text/plain"]
     json.dumps(bundle[vega[0]])  # the notebook stores it as JSON
+
+
+def test_rendering_never_fetches_data() -> None:
+    # A chart that points at a URL instead of embedding its data must fail to render, not download it.
+    remote = alt.Chart(alt.UrlData("http://127.0.0.1:9/samples.json")).mark_line().encode(x="t:Q", y="used_gib:Q")
+    with pytest.raises(PlotError, match="External data url not allowed"):
+        plots.to_svg(remote)
