@@ -1,7 +1,161 @@
-"""dsv4lab: launch, watch, diagnose and benchmark SGLang servers from Jupyter, with a local twin."""
+"""dsv4lab: launch, watch, diagnose and benchmark SGLang servers from Jupyter, with a local twin.
+
+The notebook API in one import::
+
+    from dsv4lab import Lab
+    lab = Lab(host="local", target="twin")
+    a = lab.launch("config_a").wait()
+    a.bench(concurrency=[1, 16])
+
+Names are loaded on first use: the twin's processes and the command line import this package too, and
+must not pay for pandas, aiohttp and paramiko they never touch.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "ABComparison": "dsv4lab.bench",
+    "ABRuns": "dsv4lab.bench",
+    "BenchError": "dsv4lab.errors",
+    "BenchResult": "dsv4lab.bench",
+    "BenchRuns": "dsv4lab.bench",
+    "CommandError": "dsv4lab.errors",
+    "ConfigError": "dsv4lab.errors",
+    "DSV4LabError": "dsv4lab.errors",
+    "Diagnosis": "dsv4lab.logs",
+    "HardwareProfile": "dsv4lab.hardware",
+    "Host": "dsv4lab.hosts",
+    "HostConnectionError": "dsv4lab.errors",
+    "HostError": "dsv4lab.errors",
+    "HostKeyError": "dsv4lab.errors",
+    "HostSetupError": "dsv4lab.errors",
+    "Interrupted": "dsv4lab.errors",
+    "KernelBreakdown": "dsv4lab.kernels",
+    "Lab": "dsv4lab.lab",
+    "LaunchError": "dsv4lab.errors",
+    "LoadSpec": "dsv4lab.bench",
+    "LocalHost": "dsv4lab.hosts",
+    "NotebookError": "dsv4lab.errors",
+    "Preflight": "dsv4lab.memory",
+    "ProfileError": "dsv4lab.errors",
+    "Readiness": "dsv4lab.watch",
+    "SSHHost": "dsv4lab.hosts",
+    "Server": "dsv4lab.server",
+    "ServerConfig": "dsv4lab.config",
+    "SpeculativeConfig": "dsv4lab.config",
+    "StaleServerError": "dsv4lab.errors",
+    "Verdict": "dsv4lab.watch",
+    "attach": "dsv4lab.launch",
+    "compare": "dsv4lab.bench",
+    "config_a": "dsv4lab.presets",
+    "config_b": "dsv4lab.presets",
+    "config_b_fixed": "dsv4lab.presets",
+    "diagnose_with_model": "dsv4lab.diagnosis",
+    "hardware_profile": "dsv4lab.hardware",
+    "kernel_breakdown": "dsv4lab.kernels",
+    "open_host": "dsv4lab.hosts",
+    "preflight": "dsv4lab.memory",
+    "preset": "dsv4lab.presets",
+    "random_workload": "dsv4lab.bench",
+    "suggest": "dsv4lab.memory",
+    "wait_ready": "dsv4lab.watch",
+}
+
+__all__ = [
+    "ABComparison",
+    "ABRuns",
+    "BenchError",
+    "BenchResult",
+    "BenchRuns",
+    "CommandError",
+    "ConfigError",
+    "DSV4LabError",
+    "Diagnosis",
+    "HardwareProfile",
+    "Host",
+    "HostConnectionError",
+    "HostError",
+    "HostKeyError",
+    "HostSetupError",
+    "Interrupted",
+    "KernelBreakdown",
+    "Lab",
+    "LaunchError",
+    "LoadSpec",
+    "LocalHost",
+    "NotebookError",
+    "Preflight",
+    "ProfileError",
+    "Readiness",
+    "SSHHost",
+    "Server",
+    "ServerConfig",
+    "SpeculativeConfig",
+    "StaleServerError",
+    "Verdict",
+    "__version__",
+    "attach",
+    "compare",
+    "config_a",
+    "config_b",
+    "config_b_fixed",
+    "diagnose_with_model",
+    "hardware_profile",
+    "kernel_breakdown",
+    "open_host",
+    "preflight",
+    "preset",
+    "random_workload",
+    "suggest",
+    "wait_ready",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dsv4lab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from dsv4lab.bench import ABComparison, ABRuns, BenchResult, BenchRuns, LoadSpec, compare, random_workload
+    from dsv4lab.config import ServerConfig, SpeculativeConfig
+    from dsv4lab.diagnosis import diagnose_with_model
+    from dsv4lab.errors import (
+        BenchError,
+        CommandError,
+        ConfigError,
+        DSV4LabError,
+        HostConnectionError,
+        HostError,
+        HostKeyError,
+        HostSetupError,
+        Interrupted,
+        LaunchError,
+        NotebookError,
+        ProfileError,
+        StaleServerError,
+    )
+    from dsv4lab.hardware import HardwareProfile, hardware_profile
+    from dsv4lab.hosts import Host, LocalHost, SSHHost, open_host
+    from dsv4lab.kernels import KernelBreakdown, kernel_breakdown
+    from dsv4lab.lab import Lab
+    from dsv4lab.launch import attach
+    from dsv4lab.logs import Diagnosis
+    from dsv4lab.memory import Preflight, preflight, suggest
+    from dsv4lab.presets import config_a, config_b, config_b_fixed, preset
+    from dsv4lab.server import Server
+    from dsv4lab.watch import Readiness, Verdict, wait_ready

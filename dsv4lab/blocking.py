@@ -44,6 +44,10 @@ def run_blocking(
     loop = asyncio.new_event_loop()
     box: dict[str, Any] = {}
     ready = threading.Event()
+    # Waiting on an Event, not on Thread.join(): a KeyboardInterrupt landing inside join() can leave the
+    # Thread object marked as finished while it still runs (CPython gh-90882), and the partial result
+    # would be read before the worker wrote it.
+    done = threading.Event()
     task_ref: list[asyncio.Task[T]] = []
 
     def worker() -> None:
@@ -60,12 +64,12 @@ def run_blocking(
             with contextlib.suppress(Exception):
                 _cancel_leftovers(loop)
             loop.close()
+            done.set()
 
     thread = threading.Thread(target=worker, name=f"dsv4lab-{what}", daemon=True)
     thread.start()
     try:
-        while thread.is_alive():
-            thread.join(_TICK_S)
+        while not done.wait(_TICK_S):
             if on_tick is not None:
                 on_tick()
     except KeyboardInterrupt:
@@ -73,7 +77,7 @@ def run_blocking(
         if task_ref and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed in between: nothing left to cancel
                 loop.call_soon_threadsafe(task_ref[0].cancel)
-        thread.join(cancel_wait_s)
+        done.wait(cancel_wait_s)
         if on_tick is not None:
             with contextlib.suppress(Exception):
                 on_tick()

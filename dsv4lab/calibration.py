@@ -54,6 +54,18 @@ class Calibration:
             )
         return f"fitted from {len(self.points)} capture line(s): " + "; ".join(parts)
 
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        rows = [
+            {"role": p.role, "runner": p.runner, "max bs": p.max_bs, "tokens/request": p.tokens, "GiB": p.usage_gib}
+            for p in self.points
+        ]
+        state: hv.State = "ok" if self.points else "warn"
+        return hv.card(
+            f"graph-memory calibration ({self.model.name})", hv.p(self.describe()) + hv.table(rows), state=state
+        )
+
 
 def _first(args: Mapping[str, Any], *keys: str) -> Any:
     for k in keys:

@@ -1,8 +1,10 @@
 """The ``dsv4lab`` command line.
 
-Errors that dsv4lab raises on purpose are printed as one ``Error: ...`` line with exit status 2, so
-scripts can branch on them and people are not shown a traceback for a typo; anything else is a bug and
-keeps its traceback.
+Errors that dsv4lab raises on purpose are printed as one ``Error: ...`` line with the exit status of their
+class (2 for bad input, 3 for a host that cannot be reached, 4 for a host key, ... see
+:mod:`dsv4lab.errors`), so scripts can branch on them and people are not shown a traceback for a typo;
+anything else is a bug and keeps its traceback. Ctrl-C or SIGTERM exits 130 after stopping what the
+command started.
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ from typing import Any
 
 from dsv4lab import __version__
 from dsv4lab.config import ServerConfig, diff, field_help, field_names, load
-from dsv4lab.errors import ConfigError, DSV4LabError
+from dsv4lab.errors import ConfigError, DSV4LabError, exit_code_for
 from dsv4lab.presets import PRESETS, preset
 from dsv4lab.render import render_argv, render_env_file, render_launch_script, server_command
 
 __all__ = ["main"]
-
-EXIT_USAGE = 2
 
 
 def _parse_sets(items: Sequence[str]) -> dict[str, str]:
@@ -183,6 +183,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         args.run_dir,
         target="twin" if args.twin else "sglang",
         sglang_version=args.sglang_version,
+        python=args.python,
         twin_env=twin_env,
         replace_stale=args.replace_stale,
     )
@@ -362,6 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--time-scale", type=float, default=None, help="twin time scale (1 = real time)")
     la.add_argument("--fault", default=None, help="twin fault to inject")
     la.add_argument("--sglang-version", default=None, help="SGLang release to render flags for")
+    la.add_argument(
+        "--python",
+        default=None,
+        help="the server host's interpreter, e.g. ~/venvs/sglang/bin/python (default: python3; this one for a "
+        "local twin); checked before launch",
+    )
     la.add_argument("--replace-stale", action="store_true", help="kill a server already holding the port")
     la.add_argument("--json", action="store_true")
     la.set_defaults(func=_cmd_launch)
@@ -422,7 +429,7 @@ def _run(args: argparse.Namespace) -> int:
             status = int(args.func(args))
         except DSV4LabError as exc:
             print(f"Error: {exc}", file=sys.stderr)
-            status = EXIT_USAGE
+            status = exit_code_for(exc)
         except BrokenPipeError:  # e.g. `dsv4lab ... | head`: the reader left, nothing to report
             sys.stderr.close()
             return 0

@@ -439,13 +439,10 @@ class ServerConfig:
         return cls.from_dict(data)
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td><code>{_esc(k)}</code></td><td>{_esc(_fmt(v))}</td><td>{_esc(field_help(k))}</td></tr>"
-            for k, v in _flatten(self).items()
-        )
-        return (
-            f"<table><thead><tr><th>field</th><th>value</th><th>meaning</th></tr></thead><tbody>{rows}</tbody></table>"
-        )
+        from dsv4lab import htmlview as hv
+
+        rows = [{"field": k, "value": _fmt(v), "meaning": field_help(k)} for k, v in _flatten(self).items()]
+        return hv.card(f"server config ({self.name})", hv.table(rows, max_rows=12))
 
 
 # -- field metadata -------------------------------------------------------------------------------------
@@ -508,14 +505,12 @@ class ConfigDiff:
         return {c.field: {"before": c.before, "after": c.after} for c in self.changes}
 
     def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
         if not self.changes:
-            return "<p>No differences.</p>"
-        rows = "".join(
-            f"<tr><td><code>{_esc(c.field)}</code></td><td>{_esc(_fmt(c.before))}</td>"
-            f"<td>{_esc(_fmt(c.after))}</td></tr>"
-            for c in self.changes
-        )
-        return f"<table><thead><tr><th>field</th><th>A</th><th>B</th></tr></thead><tbody>{rows}</tbody></table>"
+            return hv.card("config diff", hv.p("No differences."))
+        rows = [{"field": c.field, "A": _fmt(c.before), "B": _fmt(c.after)} for c in self.changes]
+        return hv.card("config diff", hv.table(rows))
 
 
 def diff(a: ServerConfig, b: ServerConfig) -> ConfigDiff:
@@ -693,10 +688,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)
-
-
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _parse_scalar(name: str, raw: str, tp: Any) -> Any:

@@ -96,6 +96,19 @@ class HardwareProfile:
         """The device name as SGLang puts it in kernel-config file names."""
         return self.gpu.name.replace(" ", "_")
 
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        g = self.gpu
+        spec = f"{g.name} ({g.sm}, {g.total_gib:.1f} GiB, {g.bandwidth_gbs:,.0f} GB/s, {g.interconnect})"
+        facts: list[tuple[str, object]] = [
+            ("GPUs", f"{self.count} x {spec}"),
+            ("context + buffers per GPU", f"{self.context_overhead_gib:.2f} GiB"),
+            ("used by others per GPU", ", ".join(f"{x:.2f}" for x in self.other_used_gib) + " GiB"),
+            ("free before weights", ", ".join(f"{x:.2f}" for x in self.free_before_load_gib()) + " GiB"),
+        ]
+        return hv.card(f"hardware {self.name}", hv.p(self.description) + hv.kv_table(facts))
+
 
 @dataclass(frozen=True)
 class GraphCoefficients:

@@ -122,10 +122,15 @@ class ServerHandle:
         }
 
     def _repr_html_(self) -> str:
-        return (
-            f"<p>Server on <b>{self.host.name}</b> port {self.port} ({self.target}, SGLang {self.sglang_version}); "
-            f"run dir <code>{self.run_dir}</code>, launcher PID {self.launcher_pid}</p>"
-        )
+        from dsv4lab import htmlview as hv
+
+        facts: list[tuple[str, object]] = [
+            ("host", f"{self.host.name} ({self.target}, SGLang {self.sglang_version} flags)"),
+            ("port", self.port),
+            ("run dir", self.run_dir),
+            ("launcher PID", self.launcher_pid),
+        ]
+        return hv.card("launched server", hv.kv_table(facts))
 
 
 def find_listener(host: Host, port: int, *, timeout_s: float = 15.0) -> tuple[bool, list[int]]:
@@ -239,8 +244,13 @@ for f in "$@"; do
   source "$f" >/dev/null 2>&1 || { echo "BADENVFILE $f"; exit 0; }
 done
 command -v -- "$py" >/dev/null 2>&1 || { echo "NOPYTHON"; exit 0; }
-"$py" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)' "$module" \
-  >/dev/null 2>&1 || { echo "NOMODULE $("$py" -c 'import sys; print(sys.executable)' 2>/dev/null)"; exit 0; }
+case "$py" in /*) ;; */*) py="$PWD/$py" ;; esac
+# From /: the server runs in a fresh run dir, so a package in this shell's cwd must not count.
+( cd / && "$py" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)' \
+  "$module" ) >/dev/null 2>&1 || {
+  echo "NOMODULE $("$py" -c 'import sys; print(sys.executable)' 2>/dev/null)"
+  exit 0
+}
 if [ -n "$kdir" ]; then
   case "$kdir" in "~/"*) kdir="$HOME/${kdir#\~/}" ;; esac
   [ -d "$kdir" ] || { echo "NOKDIR"; exit 0; }

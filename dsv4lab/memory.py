@@ -317,25 +317,31 @@ class Preflight:
         }
 
     def _repr_html_(self) -> str:
-        verdict = (
-            "<b style='color:#1a7f37'>fits</b>"
-            if self.fits
-            else f"<b style='color:#cf222e'>OOM in {self.fail_phase}, short by {self.short_by_gib:.2f} GiB</b>"
-        )
-        head = "".join(
-            f"<th>{h}</th>" for h in ("GPU", "free before", "weights", "KV pool", "slack", "graphs+buffers", "headroom")
-        )
-        rows = "".join(
-            f"<tr><td>{g.gpu}</td><td>{g.free_before_load_gib:.2f}</td><td>{g.weights_gib + g.draft_weights_gib:.2f}"
-            f"</td><td>{g.kv_pool_gib:.2f}</td><td>{g.slack_gib:.2f}</td><td>{g.graphs_gib + g.comm_gib:.2f}</td>"
-            f"<td>{g.headroom_gib:.2f}</td></tr>"
+        from dsv4lab import htmlview as hv
+
+        rows = [
+            {
+                "GPU": g.gpu,
+                "free before (GiB)": g.free_before_load_gib,
+                "weights": g.weights_gib + g.draft_weights_gib,
+                "KV pool": g.kv_pool_gib,
+                "slack": g.slack_gib,
+                "graphs + buffers": g.graphs_gib + g.comm_gib,
+                "headroom": g.headroom_gib,
+                "verdict": "fits" if g.fits else f"OOM in {g.fail_phase}",
+            }
             for g in self.per_gpu
+        ]
+        if self.fits:
+            status, state = f"fits, {self.min_headroom_gib:.1f} GiB to spare", "ok"
+        else:
+            gpu = self.failing_gpu.gpu if self.failing_gpu is not None else "?"
+            status, state = f"OOM in {self.fail_phase} on GPU {gpu}, short by {self.short_by_gib or 0:.1f} GiB", "fail"
+        head = hv.p(f"{self.hardware}, {self.model}, SGLang {self.sglang_version}; KV pool {self.kv_tokens:,} tokens")
+        body = (
+            head + hv.table(rows, max_rows=8) + hv.fold(self.explain().splitlines(), keep=4, summary="the arithmetic")
         )
-        text = self.explain().replace("&", "&amp;").replace("<", "&lt;").replace("\n", "<br>")
-        return (
-            f"<p>Preflight on {self.hardware} (SGLang {self.sglang_version}): {verdict}</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table><p>{text}</p>"
-        )
+        return hv.card("memory preflight", body, state=state, status=status)  # type: ignore[arg-type]
 
 
 def _draft_in_static(p: Preflight) -> bool:

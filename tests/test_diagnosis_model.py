@@ -22,13 +22,13 @@ from tests.sshd import free_port
 
 
 @pytest.fixture(scope="module")
-def story_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def story_logs(tmp_path_factory: pytest.TempPathFactory, tuned_kernel_dir: str) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("story")
     out: dict[str, Path] = {}
     for name, config in (("a", config_a()), ("b", config_b())):
         h = launch(
             LocalHost(),
-            config.replace(port=free_port()),
+            config.replace(port=free_port(), kernel_config_dir=tuned_kernel_dir),
             str(root / name),
             target="twin",
             twin_env={"DSV4LAB_TWIN_TIME_SCALE": "0.02"},

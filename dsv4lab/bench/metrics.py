@@ -186,6 +186,24 @@ class Summary:
     slo: SLO | None = None
     accept_length: float | None = None
 
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        facts: list[tuple[str, object]] = [
+            (
+                "requests",
+                f"{self.completed} ok, {self.failed} failed, {self.incomplete} incomplete, {self.not_sent} not sent",
+            ),
+            ("duration s", self.duration_s),
+            ("output tok/s", self.output_throughput),
+            ("request/s", self.request_throughput),
+        ]
+        rows = [
+            {"ms": name, "mean": d.mean, "median": d.median, "p90": d.p90, "p99": d.p99, "n": d.count}
+            for name, d in (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("ITL", self.itl_ms), ("E2E", self.e2e_ms))
+        ]
+        return hv.card("benchmark summary", hv.kv_table(facts) + hv.table(rows))
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):

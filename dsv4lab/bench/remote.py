@@ -18,8 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import posixpath
 import re
 import shlex
+import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,8 +34,8 @@ from dsv4lab.bench.metrics import Distribution, Summary
 from dsv4lab.bench.results import REQUEST_COLUMNS, BenchResult, Provenance, to_jsonable
 from dsv4lab.bench.serverinfo import engine_of, gpu_names
 from dsv4lab.bench.workload import LoadSpec, Workload
-from dsv4lab.errors import RemoteBenchError
-from dsv4lab.hosts import Host
+from dsv4lab.errors import Interrupted, RemoteBenchError
+from dsv4lab.hosts import CommandResult, Host
 from dsv4lab.versions import resolve_release
 
 __all__ = ["build_argv", "parse_jsonl", "parse_stdout", "remote_result", "run_remote"]
@@ -283,6 +286,46 @@ def remote_result(
     )
 
 
+# Run "$@" with its output and exit status in files beside the results: the benchmark lives on the host
+# (a dropped connection does not kill it) and can be found and killed again by its PID.
+_DETACHED = (
+    'out=$1; shift; "$@" > "$out.stdout" 2> "$out.stderr"; '
+    'echo $? > "$out.status.tmp"; mv -f "$out.status.tmp" "$out.status"'
+)
+
+#: How often a running remote benchmark is checked for its end.
+_POLL_S = 0.5
+
+
+def _run_detached(host: Host, argv: Sequence[str], prefix: str, timeout_s: float, what: str) -> CommandResult:
+    """Run ``argv`` detached on ``host`` and wait for it; Stop or the timeout kill its process tree.
+
+    A blocking ``host.run`` would leave the remote benchmark running after the user's Stop (closing an
+    SSH channel does not signal a process without a terminal), and SGLang's client keeps hammering the
+    server for minutes.
+    """
+    start = time.monotonic()
+    pid = host.start_detached(["bash", "-c", _DETACHED, "dsv4lab-bench", prefix, *argv], cwd=posixpath.dirname(prefix))
+    try:
+        while True:
+            status = host.read_text(f"{prefix}.status")
+            if status is not None and status.strip().lstrip("-").isdigit():
+                code: int | None = int(status.strip())
+                timed_out = False
+                break
+            if time.monotonic() - start > timeout_s:
+                host.kill_tree(pid, grace_s=2.0)
+                code, timed_out = None, True
+                break
+            time.sleep(_POLL_S)
+    except KeyboardInterrupt:
+        threading.Thread(target=host.kill_tree, args=(pid,), kwargs={"grace_s": 2.0}, daemon=False).start()
+        raise Interrupted(f"{what} on {host.name} stopped by the user (its process tree is being killed)") from None
+    out = host.read_text(f"{prefix}.stdout", max_bytes=1 << 22) or ""
+    err = host.read_text(f"{prefix}.stderr", max_bytes=1 << 20) or ""
+    return CommandResult(host.name, shlex.join(argv), code, out, err, time.monotonic() - start, timed_out=timed_out)
+
+
 def run_remote(
     host: Host,
     base_url: str,
@@ -325,7 +368,7 @@ def run_remote(
         tokenizer=tokenizer,
         extra_args=extra_args,
     )
-    result = host.run(argv, timeout_s=timeout_s)
+    result = _run_detached(host, argv, f"{work_dir.rstrip('/')}/sglang_bench_{run_id}", timeout_s, release.bench_module)
     if not result.ok:
         tail = "\n".join((result.stderr.strip() or result.stdout.strip()).splitlines()[-20:])
         what = f"timed out after {timeout_s:g} s" if result.timed_out else f"exited with status {result.exit_status}"

@@ -132,6 +132,8 @@ class _Run:
         self.watch = DeathWatch(endpoint, self._on_dead)
 
     def _on_dead(self, reason: str) -> None:
+        if self.abort.is_set():  # the first reason stands: streams cut by an abort fail in turn
+            return
         self.abort_reason = reason
         self.abort_time = time.perf_counter()
         self.abort.set()

@@ -40,6 +40,16 @@ class CommandResult:
     def ok(self) -> bool:
         return self.exit_status == 0 and not self.timed_out
 
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        status = "timed out" if self.timed_out else f"exit {self.exit_status}"
+        body = hv.p(f"on {self.host}: {self.command} ({self.duration_s:.2f} s)")
+        for name, text in (("stdout", self.stdout), ("stderr", self.stderr)):
+            if text.strip():
+                body += hv.p(name) + hv.fold(text.splitlines(), keep=20)
+        return hv.card("command", body, state="ok" if self.ok else "fail", status=status)
+
     def check(self) -> CommandResult:
         """Return self, or raise :class:`CommandError` with the command and its last output lines."""
         if self.ok:
@@ -59,6 +69,11 @@ class KillReport:
     @property
     def all(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.terminated) | set(self.killed)))
+
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        return hv.card("stop", hv.p(str(self)), state="ok" if not self.killed else "warn")
 
     def __str__(self) -> str:
         if not self.all:

@@ -1,0 +1,124 @@
+"""Stop means stop, in a real Jupyter kernel: each blocking call gives control back within 2 s of the Stop
+button, keeps its partial result, and no server outlives the session."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.kernel import Kernel
+
+pytestmark = pytest.mark.slow
+
+#: The issue's bound: control back within 2 s of Stop (the design aims for ~1 s).
+BACK_WITHIN_S = 2.0
+
+SETUP = """
+import sys
+from dsv4lab import Lab, bench
+lab = Lab(run_root={root!r}, time_scale=0.05, progress=False)
+"""
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> Iterator[Kernel]:
+    k = Kernel(tmp_path)
+    k.run(SETUP.format(root=str(tmp_path / "runs")))
+    yield k
+    try:
+        k.run("lab.close()", timeout_s=60)
+    finally:
+        k.shutdown(now=True)
+
+
+def _wait_output(k: Kernel, path: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() or not path.read_text().strip():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_during_server_bench_keeps_the_partial_run(kernel: Kernel) -> None:
+    kernel.run('a = lab.launch("config_a").wait()', timeout_s=120)
+    assert kernel.value("a.state") == "'READY'"
+    # 10 waves of 4 requests, about 4.4 s each on the twin: the first wave is done when Stop is pressed.
+    cell = kernel.submit("runs = a.bench(concurrency=[4], prompts=40, input_len=256, output_len=300)")
+    time.sleep(7.0)
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    assert kernel.value("len(a.runs)") == "1"
+    assert kernel.value("a.runs[-1].partial and a.runs[-1].interrupted") == "True"
+    assert kernel.value("a.runs[-1].abort_reason") == "'interrupted by the user'"
+    assert int(kernel.value("a.runs[-1].summary.completed")) >= 1  # what finished is kept
+    assert kernel.value("sys.last_value.partial is not None") == "True"
+    assert kernel.value("a.is_alive()") == "True"  # a bench does not stop the server it did not start
+    stored = kernel.value("len(open(a.local_dir / 'bench' / 'bench_results.jsonl').readlines())")
+    assert stored == "1"
+
+
+def test_stop_during_wait_ready_stops_the_server(kernel: Kernel) -> None:
+    kernel.run('s = lab.launch("config_a", fault="slow_start:40")')
+    pid = int(kernel.value("s.handle.launcher_pid"))
+    cell = kernel.submit("s.wait()")
+    time.sleep(2.0)
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted"
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    assert kernel.value("s.readiness.verdict.value") == "'INTERRUPTED'"
+    assert kernel.value("len(s.readiness.timeline) > 0") == "True"  # the phases seen so far are kept
+    assert _gone(pid), "the server the watch started outlived the Stop"
+
+
+def test_stop_during_sweep_hands_back_the_finished_runs(kernel: Kernel, tmp_path: Path) -> None:
+    kernel.run('a = lab.launch("config_a").wait()', timeout_s=120)
+    marker = tmp_path / "started"
+    code = (
+        "wl = bench.random_workload(8, 256, 40, seed=3)\n"
+        f"open({str(marker)!r}, 'w').write('go')\n"
+        "runs = bench.sweep(a.url, lambda c: wl if c == 1 else bench.random_workload(40, 256, 3000, seed=3),"
+        " [1, 8], progress=False)"
+    )
+    cell = kernel.submit(code)
+    _wait_output(kernel, marker)
+    time.sleep(6.0)  # the c=1 run (8 short requests) is done by now; the c=8 run is long
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    partial = "sys.last_value.partial"
+    assert kernel.value(f"type({partial}).__name__") == "'BenchRuns'"
+    assert kernel.value(f"[r.concurrency for r in {partial}]") == "[1, 8]"
+    assert kernel.value(f"[r.partial for r in {partial}]") == "[False, True]"
+    assert kernel.value(f"{partial}.to_frame()['interrupted'].tolist()") == "[False, True]"
+
+
+def test_a_failing_cell_and_a_kernel_restart_leave_no_server(tmp_path: Path) -> None:
+    k = Kernel(tmp_path)
+    try:
+        k.run(SETUP.format(root=str(tmp_path / "runs")))
+        k.run('a = lab.launch("config_a").wait()', timeout_s=120)
+        pid = int(k.value("a.handle.launcher_pid"))
+        failing = k.collect(k.submit("a.bench(concurrency='one, two')"))
+        assert failing.status == "error" and failing.ename == "BenchError"
+        assert "concurrency levels must be integers" in (failing.evalue or "")
+        assert psutil.pid_exists(pid)  # a failing cell is no reason to stop: the session still owns it
+        k.km.restart_kernel(now=False)  # JupyterLab's "Restart kernel": a graceful shutdown first
+        assert _gone(pid), "a restarted kernel left its server running"
+    finally:
+        k.shutdown(now=True)
