@@ -130,12 +130,12 @@ def throughput_vs_concurrency(
         ]
         title = f"{labels[1]} vs {labels[0]}: " + ", ".join(parts)
     n = min(min(lv.n_a, lv.n_b) for lv in comparison.levels)
-    subtitle = (
-        f"bars: mean of {n}+ repeats, error bars: 95% CI of each mean; "
-        f"text: {labels[1]} vs {labels[0]} (Welch 95% CI of the difference)"
-    )
+    subtitle = [
+        f"bars: mean of {n}+ repeats per config and level; error bars: the 95% CI of each mean",
+        f"above: {labels[1]} vs {labels[0]}, Welch 95% CI of the difference and its verdict",
+    ]
     if scale != 1.0:
-        subtitle += f"; twin measurements x {scale:g} = modelled hardware"
+        subtitle[1] += f"; twin measurements x {scale:g} = modelled hardware"
     chart_out: alt.LayerChart = alt.layer(bars, errors, values, text1, text2).properties(
         width=max(420, 230 * len(levels)),
         height=320,
