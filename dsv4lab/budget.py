@@ -72,7 +72,7 @@ CATEGORIES = ("other", "weights", "draft weights", "KV pool", "buffers", "graph 
 #: How closely the memory model claims to predict each category: 2 % of the figure plus 0.1 GiB (the caching
 #: allocator rounds every allocation up by up to ~1 %, logs round to 0.01 GiB). "free" carries the rounding
 #: of everything allocated before it, so its 2 % is of the allocated total. Graph coefficients are
-#: calibrated estimates: on hardware the model was not calibrated for, expect more (see dsv4lab.calibrate).
+#: calibrated estimates: on hardware the model was not calibrated for, expect more (see dsv4lab.calibration).
 REL_TOLERANCE = 0.02
 ABS_TOLERANCE_GIB = 0.1
 
