@@ -21,6 +21,7 @@ import contextlib
 import datetime as _dt
 import re
 import sys
+import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -366,23 +367,49 @@ class Lab:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- GPU memory (filled in by the sampler) -------------------------------------------------------------
+    # -- GPU memory ------------------------------------------------------------------------------------------
 
     def _start_sampler(self, server: Server) -> None:
-        """Start sampling the host's GPUs for ``server`` (a no-op until a sampler is available)."""
+        """Sample the host's GPUs for ``server`` from now on (nvidia-smi's loop, or the twin's stand-in).
+
+        Started in the background so that the launch returns at once; a sampler that cannot start (no
+        nvidia-smi on the host) is reported by ``gpu_memory()``, with the reason.
+        """
+        from dsv4lab.gpumem import sampler_for
+
+        sampler = sampler_for(server.handle, csv_path=server.local_dir / "gpu_memory.csv")
+        self._samplers[id(server)] = sampler
+
+        def start() -> None:
+            try:
+                sampler.start()
+            except Exception as exc:  # shown by gpu_memory(); the server itself is fine
+                server._sampler_error = exc
+
+        threading.Thread(target=start, name=f"dsv4lab-sampler-{server.name}", daemon=True).start()
 
     def _stop_sampler(self, server: Server) -> None:
         sampler = self._samplers.pop(id(server), None)
         if sampler is not None:
             with contextlib.suppress(Exception):
                 sampler.stop()
+            server._gpu_samples = sampler.frame()
 
     def _gpu_frame(self, server: Server) -> pd.DataFrame:
         sampler = self._samplers.get(id(server))
-        if sampler is None:
-            empty: pd.DataFrame = pd.DataFrame(columns=["time", "t", "gpu", "used_mib", "total_mib", "util_pct"])
-            return empty
-        frame: pd.DataFrame = sampler.frame()
+        if sampler is not None:
+            frame: pd.DataFrame = sampler.frame()
+        elif server._gpu_samples is not None:
+            frame = server._gpu_samples
+        else:
+            from dsv4lab.gpumem import read_samples_csv
+
+            path = server.local_dir / "gpu_memory.csv"
+            if not path.exists():
+                raise ConfigError("sample_gpus", False, f"launch with sample_gpus=True to sample {server.name}'s GPUs")
+            frame = read_samples_csv(path)
+        if frame.empty and server._sampler_error is not None:
+            raise server._sampler_error
         return frame
 
     # -- display ----------------------------------------------------------------------------------------

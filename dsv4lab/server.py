@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,8 @@ class Server:
         self.runs: bench.BenchRuns = bench.BenchRuns()
         self.stopped: KillReport | None = None
         self._forward: PortForward | None = None
-        self._sampler: Any = None
+        self._sampler_error: Exception | None = None
+        self._gpu_samples: pd.DataFrame | None = None
 
     # -- identity ---------------------------------------------------------------------------------------
 
@@ -218,7 +220,8 @@ class Server:
         return diagnose_with_model(str(log), hardware=self.lab.hardware, sglang_version=self.handle.sglang_version)
 
     def gpu_memory(self) -> pd.DataFrame:
-        """GPU memory samples taken while this server ran (columns t, gpu, used_mib, total_mib, util_pct)."""
+        """GPU memory samples taken while this server ran: ``time`` (the host's clock, tz-aware), ``t`` (s),
+        ``gpu``, ``used_mib``, ``total_mib``, ``util_pct``. Also in ``local_dir / "gpu_memory.csv"``."""
         return self.lab._gpu_frame(self)
 
     def log(self, lines: int = 40) -> LogTail:
@@ -263,6 +266,10 @@ class Server:
     def _record(self) -> None:
         if self.readiness is None:
             return
+        if self.readiness.verdict not in (Verdict.READY, Verdict.INTERRUPTED):
+            # The server is gone: keep a moment of samples after the death (the memory coming back), then
+            # stop, so the timeline ends where the story does.
+            threading.Timer(1.0, self.lab._stop_sampler, args=(self,)).start()
         self.local_dir.mkdir(parents=True, exist_ok=True)
         (self.local_dir / "readiness.json").write_text(
             json.dumps(self.readiness.to_dict(), indent=2) + "\n", encoding="utf-8"
