@@ -12,11 +12,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 CELLS = [
-    ("parameters", 'host = "local"  # an SSH alias for a real host\ntime_scale = 0.05  # twin only\nconcurrency = "1,4"'),
+    ("parameters", 'host = "local"  # an SSH alias\ntime_scale = 0.05  # twin only\nconcurrency = "1,4"'),
     ("", "from dsv4lab import Lab\nlab = Lab(host=host, time_scale=time_scale, run_root='runs')"),
     ("", 'lab.preflight("config_b")'),
     ("", 'b = lab.launch("config_b").wait()\nb'),
-    ("", 'a = lab.launch("config_a").wait()\nruns = a.bench(concurrency=concurrency, input_len=256, output_len=16)\nruns'),
+    ("", 'a = lab.launch("config_a").wait()\nruns = a.bench(concurrency, input_len=256, output_len=16)\nruns'),
     ("", "frame = runs.to_frame()\nassert frame['concurrency'].tolist() == [1, 4]\nassert b.state == 'CRASHED'"),
     ("", "lab.close()"),
 ]
