@@ -65,14 +65,16 @@ def _events(parser: LogParser, lines: Iterator[str]) -> Iterator[Event]:
 def _diagnose_stream(events: Iterator[Event], parser: LogParser) -> Diagnosis:
     run = RunState()
     previous: RunState | None = None
+    add = run.add
     for ev in events:
-        if isinstance(ev, RunStart):
+        if type(ev) is RunStart:
             if run.content > 0:
                 run.followed_by_run = True
                 previous = run
             run = RunState()
+            add = run.add
             continue
-        run.add(ev)
+        add(ev)
     lines = parser.line_no
     chosen = run
     notes: list[str] = []

@@ -39,6 +39,7 @@ def _older(ts: str, than: str) -> bool:
 
 
 _MAX_ERRORS = 64
+_BATCHES = frozenset({DecodeBatch, PrefillBatch})
 _MAX_RANKS = 4096
 
 
@@ -127,22 +128,25 @@ class RunState:
         self.startup_events += 1
 
     def add(self, ev: Event) -> None:
-        """Fold one event into the run."""
+        """Fold one event into the run (batch-stats lines, most of a serving log, take the short path)."""
         self.events += 1
+        n = ev.line_no
         if not self.first_line:
-            self.first_line = ev.line_no
-        self.last_line = ev.line_no
+            self.first_line = n
+        self.last_line = n
         if ev.engine is not None:
             self.engines.add(ev.engine)
-        if ev.rank is not None and (self.max_rank is None or ev.rank > self.max_rank):
-            self.max_rank = ev.rank
-        if isinstance(ev, DecodeBatch | PrefillBatch):
+        r = ev.rank
+        if r is not None and (self.max_rank is None or r > self.max_rank):
+            self.max_rank = r
+        if type(ev) in _BATCHES:
             self.content += 1
             self.batches += 1
             if self.api_up_line:
                 self.batches_after_api += 1
-            self.last_batch_line = ev.line_no
-            self.rank(ev.rank).last_progress_line = ev.line_no
+            self.last_batch_line = n
+            st = self.ranks.get(r)
+            (st if st is not None else self.rank(r)).last_progress_line = n
             if self.ready_line or self.startup_events == 0:
                 self.phase = Phase.SERVING  # before the ready line a batch is the warmup request
             return
