@@ -209,6 +209,11 @@ class ServerMonitor:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
 
+    def finish(self, timeout_s: float = 5.0) -> None:
+        """Wait for the monitor to drain the log of a server that has ended (it stops by itself then)."""
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
     @property
     def running(self) -> bool:
         return self._thread.is_alive()

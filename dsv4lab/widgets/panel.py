@@ -129,6 +129,9 @@ class ConfigPanel:
         self.preset_name = preset
         self.preset_config: ServerConfig = load_preset(preset)
         release = resolve_release(sglang_version, warn=False)
+        #: How many preflights ran, and how long the last one took on its thread (config, preflight,
+        #: suggestions, verdict; the charts follow in their own thread).
+        self.refreshes = 0
         self.last_refresh_s: float | None = None
         self._config: ServerConfig | None = None
         self._preflight: Preflight | None = None
@@ -337,6 +340,7 @@ class ConfigPanel:
             try:
                 self._refresh()
             finally:
+                self.refreshes += 1
                 self.last_refresh_s = time.perf_counter() - start
                 with self._timer_lock:
                     if self._timer is None or not self._timer.is_alive() or self._timer is threading.current_thread():

@@ -200,6 +200,8 @@ class ServerActions:
             self.monitor = ServerMonitor(server, p.log, p.gpu_chart, preflight=predicted, label=label).start()
             self.update_buttons()
             server.wait(self.ready_timeout_s, stall_after_s=self.stall_after_s)
+            if not server.ready:
+                self.monitor.finish()  # the last lines (the traceback) are in the pane before the card
             p.badge.set(state=server.state)
             if server.readiness is not None:
                 p.results.add(server.readiness._repr_html_(), f"{server.name}: {server.state}")
