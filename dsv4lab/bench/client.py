@@ -9,6 +9,15 @@ says which was used) and the prompt count to the workload's target length.
 
 Everything after the HTTP head runs inside the connection's read callback (see :mod:`.httpstream`), so a
 chunk's timestamp is the moment its bytes reached Python.
+
+**Where a request's clock starts** (``ClientOptions.ttft_clock``), which TTFT and E2E depend on:
+
+* ``send`` (the default): when the request's bytes are written to a connection that is already open; the
+  body was encoded beforehand. TTFT is then the server's time plus the network, nothing of the client's.
+* ``connect``: before the body is encoded and a new connection is opened for the request — what SGLang's
+  ``bench_serving`` does (it starts its clock, then builds the JSON and opens a fresh aiohttp session per
+  request). TTFT then includes TCP (and TLS) setup and encoding; use it to compare with published
+  ``bench_serving`` figures. Over an SSH tunnel the extra connection setup is a round trip to the host.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import json.scanner
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,9 +37,11 @@ from dsv4lab.bench.sse import SSEParser
 from dsv4lab.bench.workload import RequestSpec
 from dsv4lab.errors import BenchError
 
-__all__ = ["API", "ENDPOINTS", "ClientOptions", "request_body", "send_request"]
+__all__ = ["API", "ENDPOINTS", "ClientOptions", "ITLUnit", "TTFTClock", "request_body", "send_request"]
 
 API = Literal["completions", "chat", "generate"]
+TTFTClock = Literal["send", "connect"]
+ITLUnit = Literal["chunk", "token"]
 
 ENDPOINTS: dict[str, str] = {
     "completions": "/v1/completions",
@@ -47,7 +59,16 @@ _ERROR_BODY_BYTES = 2000
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """How requests are sent. Every timeout is explicit: a benchmark must never hang on a dead server."""
+    """How requests are sent, and which definitions the timings follow.
+
+    Every timeout is explicit: a benchmark must never hang on a dead server. ``ttft_clock`` says where a
+    request's clock starts (see the module docstring); ``itl_unit`` whether an inter-token gap is one per chunk
+    (``chunk``, the default) or each chunk's gap split evenly over the tokens it carries (``token``, what
+    ``bench_serving`` does on ``/generate``, where the server says how many tokens a chunk holds; on the
+    OpenAI APIs a chunk's token count is unknown and both definitions give chunk gaps). ``stream=False``
+    asks for one response body: TTFT then equals E2E, as in ``bench_serving --disable-stream``.
+    ``headers`` and ``api_key`` are sent but never stored with results.
+    """
 
     api: API = "completions"
     model: str | None = None
@@ -59,45 +80,68 @@ class ClientOptions:
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     record_text: bool = False
+    top_p: float | None = None
+    stream: bool = True
+    ttft_clock: TTFTClock = "send"
+    itl_unit: ITLUnit = "chunk"
 
     def __post_init__(self) -> None:
         if self.api not in ENDPOINTS:
             raise BenchError(f"api must be one of {', '.join(ENDPOINTS)}, got {self.api!r}")
         if not (self.request_timeout_s > 0 and self.connect_timeout_s > 0):
             raise BenchError("request_timeout_s and connect_timeout_s must be > 0")
+        if self.ttft_clock not in ("send", "connect"):
+            raise BenchError(f"ttft_clock must be 'send' or 'connect', got {self.ttft_clock!r}")
+        if self.itl_unit not in ("chunk", "token"):
+            raise BenchError(f"itl_unit must be 'chunk' or 'token', got {self.itl_unit!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise BenchError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise BenchError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name, value in self.headers.items():
+            if not name or any(c in name for c in ":\r\n ") or any(c in str(value) for c in "\r\n"):
+                raise BenchError(f"header {name!r} is not a valid HTTP header name/value")
         object.__setattr__(self, "extra_body", dict(self.extra_body))
         object.__setattr__(self, "headers", dict(self.headers))
 
     def to_dict(self) -> dict[str, Any]:
+        """Provenance: everything that shapes the numbers; header values and the API key are left out."""
         return {
             "api": self.api,
             "model": self.model,
             "ignore_eos": self.ignore_eos,
             "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": self.stream,
             "extra_body": dict(self.extra_body),
+            "header_names": sorted(self.headers),
+            "api_key_set": self.api_key is not None,
             "request_timeout_s": self.request_timeout_s,
             "connect_timeout_s": self.connect_timeout_s,
+            "ttft_clock": self.ttft_clock,
+            "itl_unit": self.itl_unit,
         }
 
 
 def request_body(spec: RequestSpec, options: ClientOptions, model: str | None) -> dict[str, Any]:
-    """The JSON body for ``spec`` on the chosen API."""
+    """The JSON body for ``spec`` on the chosen API (``extra_body`` is merged last, so it can override)."""
     if options.api == "generate":
         sampling: dict[str, Any] = {"max_new_tokens": spec.output_len, "temperature": options.temperature}
         if options.ignore_eos:
             sampling["ignore_eos"] = True
-        body: dict[str, Any] = {"sampling_params": sampling, "stream": True}
+        if options.top_p is not None:
+            sampling["top_p"] = options.top_p
+        body: dict[str, Any] = {"sampling_params": sampling, "stream": options.stream}
         if spec.input_ids is not None:
             body["input_ids"] = list(spec.input_ids)
         else:
             body["text"] = spec.prompt
     else:
-        body = {
-            "max_tokens": spec.output_len,
-            "temperature": options.temperature,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        body = {"max_tokens": spec.output_len, "temperature": options.temperature, "stream": options.stream}
+        if options.stream:
+            body["stream_options"] = {"include_usage": True}
+        if options.top_p is not None:
+            body["top_p"] = options.top_p
         if model is not None:
             body["model"] = model
         if options.ignore_eos:
@@ -286,7 +330,8 @@ def _record(
 
 
 def prepare(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model: str | None) -> bytes:
-    """The request bytes (built before the clock starts: JSON encoding is not the server's time)."""
+    """The request bytes. With ``ttft_clock="send"`` they are built before the clock starts (JSON encoding
+    is not the server's time); with ``"connect"`` inside it, as ``bench_serving`` does."""
     body = json.dumps(request_body(spec, options, model), separators=(",", ":")).encode()
     headers = dict(options.headers)
     if options.api_key:
@@ -297,19 +342,26 @@ def prepare(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model
 async def send_request(
     pool: ConnectionPool,
     spec: RequestSpec,
-    request: bytes,
+    request: bytes | Callable[[], bytes],
     options: ClientOptions,
     *,
     scheduled_s: float,
     origin: float,
     on_connection_error: Callable[[BaseException], None] | None = None,
 ) -> RequestRecord:
-    """Send one prepared request and return what was seen; never raises for a server-side failure."""
+    """Send one request and return what was seen; never raises for a server-side failure.
+
+    ``request`` is the prepared bytes, or a function building them: with ``ttft_clock="connect"`` it is
+    called after the clock started, and the request gets a connection of its own (opened after the clock
+    started too, closed when the response ends).
+    """
     collector = _Collector(options.api, options.record_text)
     start = time.perf_counter()
     failure = ""
     try:
-        await pool.request(request, collector, timeout_s=options.request_timeout_s)
+        payload = request if isinstance(request, bytes) else request()
+        fresh = options.ttft_clock == "connect"
+        await pool.request(payload, collector, timeout_s=options.request_timeout_s, fresh=fresh)
     except (asyncio.TimeoutError, TimeoutError):
         failure = f"no complete response within {options.request_timeout_s:g} s"
     except HTTPStreamError as exc:

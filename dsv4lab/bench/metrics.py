@@ -1,6 +1,8 @@
 """Per-request records and the metrics computed from them, as SGLang's ``bench_serving`` defines them.
 
-Definitions (all latencies in ms in the summary; a request's clock starts when it is *sent*):
+Definitions (all latencies in ms in the summary; a request's clock starts when it is *sent* — by default when
+its bytes are written to an open connection; with ``ClientOptions(ttft_clock="connect")`` before its body is
+encoded and a new connection opened, as SGLang's ``bench_serving`` does, see :mod:`.client`):
 
 * **TTFT** — first chunk carrying generated text, minus the send time.
 * **E2E latency** — last chunk carrying generated text, minus the send time (a trailing usage-only chunk
@@ -9,7 +11,9 @@ Definitions (all latencies in ms in the summary; a request's clock starts when i
   output token; then aggregated over requests.
 * **ITL** — every gap between consecutive text-bearing chunks of a request, pooled over requests. It is a
   *chunk* gap: with speculative decoding a chunk may carry several tokens, which TPOT amortises and ITL
-  does not.
+  does not. With ``itl_unit="token"`` each gap is split evenly over the tokens of the chunk that ended it (one
+  value per token), which is ``bench_serving``'s ITL on ``/generate``; it needs per-chunk token counts,
+  which only ``/generate`` reports (``meta_info.completion_tokens``), so elsewhere it is the chunk gap.
 * **Queue** — send time minus scheduled time: how long a request waited for a free concurrency slot. It
   is not in TTFT/E2E (as in SGLang) but is reported beside them, so a client-side backlog is visible
   rather than silently omitted.
@@ -88,6 +92,19 @@ class RequestRecord:
     def itl_s(self) -> tuple[float, ...]:
         t = self.chunk_times_s
         return tuple(t[i] - t[i - 1] for i in range(1, len(t)))
+
+    def itls(self, unit: str = "chunk") -> tuple[float, ...]:
+        """Inter-token latencies by definition: ``chunk`` gaps, or ``token`` (each gap split evenly over
+        the tokens of the chunk that ended it, when the server reported per-chunk counts)."""
+        gaps = self.itl_s
+        tokens = self.chunk_tokens
+        if unit != "token" or tokens is None or len(tokens) != len(self.chunk_times_s):
+            return gaps
+        out: list[float] = []
+        for gap, k in zip(gaps, tokens[1:], strict=True):
+            n = max(1, k)
+            out.extend([gap / n] * n)
+        return tuple(out)
 
 
 _STATS = ("mean", "median", "std", "p90", "p95", "p99", "min", "max")
@@ -289,8 +306,10 @@ def summarize(
     *,
     slo: SLO | None = None,
     accept_length: float | None = None,
+    itl_unit: str = "chunk",
 ) -> Summary:
-    """Aggregate ``records`` of one run lasting ``duration_s`` seconds."""
+    """Aggregate ``records`` of one run lasting ``duration_s`` seconds (``itl_unit``: see
+    :meth:`RequestRecord.itls`)."""
     ok = [r for r in records if r.status == "ok"]
     counts = {s: sum(1 for r in records if r.status == s) for s in ("failed", "incomplete", "not_sent")}
     dur = duration_s if duration_s > 0 else math.nan
@@ -318,7 +337,7 @@ def summarize(
         peak_concurrent=_peak_concurrent(records),
         ttft_ms=Distribution.of(r.ttft_s * 1000 for r in ok if r.ttft_s is not None),
         tpot_ms=Distribution.of(t * 1000 for r in ok if (t := r.tpot_s) is not None),
-        itl_ms=Distribution.of(g * 1000 for r in ok for g in r.itl_s),
+        itl_ms=Distribution.of(g * 1000 for r in ok for g in r.itls(itl_unit)),
         e2e_ms=Distribution.of(x * 1000 for x in e2e),
         queue_ms=Distribution.of(q * 1000 for r in records if (q := r.queue_s) is not None),
         output_tokens_from_server=bool(ok) and all(r.output_tokens_from_server for r in ok),

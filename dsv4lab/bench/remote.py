@@ -40,6 +40,9 @@ from dsv4lab.versions import resolve_release
 
 __all__ = ["build_argv", "parse_jsonl", "parse_stdout", "remote_result", "run_remote"]
 
+#: The benchmark module of SGLang 0.5.16 and later (``--temperature``, ``--top-p`` and ``--header`` exist there).
+NEW_MODULE = "sglang.benchmark.serving"
+
 #: SGLang ``--backend`` for each built-in API.
 BACKENDS = {"completions": "sglang-oai", "chat": "sglang-oai-chat", "generate": "sglang"}
 
@@ -98,6 +101,8 @@ def build_argv(
         argv += ["--dataset-name", "sharegpt", "--dataset-path", dataset_path]
         if p.get("output_len") is not None:
             argv += ["--sharegpt-output-len", str(p["output_len"])]
+        if p.get("context_len") is not None:
+            argv += ["--sharegpt-context-len", str(p["context_len"])]
     else:
         raise RemoteBenchError(f"SGLang's benchmark cannot reproduce a {kind!r} workload")
     if load.burstiness != 1.0:
@@ -112,6 +117,25 @@ def build_argv(
         argv += ["--tokenizer", tokenizer]
     if not options.ignore_eos:
         argv.append("--disable-ignore-eos")
+    if not options.stream:
+        argv.append("--disable-stream")
+    sampling = {"--temperature": options.temperature != 0.0, "--top-p": options.top_p is not None}
+    missing = [flag for flag, wanted in (*sampling.items(), ("--header", bool(options.headers))) if wanted]
+    if missing and module != NEW_MODULE:
+        raise RemoteBenchError(f"{module} (SGLang before 0.5.16) has no {', '.join(missing)}; use a newer release")
+    if options.temperature != 0.0:
+        argv += ["--temperature", repr(float(options.temperature))]
+    if options.top_p is not None:
+        argv += ["--top-p", repr(float(options.top_p))]
+    if options.headers:
+        argv += ["--header", *(f"{k}={v}" for k, v in options.headers.items())]
+    if options.api_key:
+        raise RemoteBenchError(
+            "SGLang's benchmark reads the API key from OPENAI_API_KEY in its environment; set it on the host "
+            "instead of passing it on a command line other users can read"
+        )
+    if load.flush_cache:
+        argv.append("--flush-cache")
     if options.extra_body:
         argv += ["--extra-request-body", json.dumps(dict(options.extra_body))]
     argv += ["--output-file", output_file, "--output-details", "--disable-tqdm", *extra_args]
@@ -393,7 +417,15 @@ def run_remote(
         gpu_names=gpu_names(host),
         workload=workload.to_dict(),
         load=load.to_dict(),
-        client_options={**options.to_dict(), "argv": argv, "output_file": output_file},
+        client_options={
+            **options.to_dict(),
+            # bench_serving's own definitions: its clock starts before it connects and encodes; on /generate
+            # it splits each chunk's gap over the chunk's tokens
+            "ttft_clock": "connect",
+            "itl_unit": "token" if options.api == "generate" else "chunk",
+            "argv": argv,
+            "output_file": output_file,
+        },
         config=to_jsonable(config.to_dict() if hasattr(config, "to_dict") else config),
         server_info=to_jsonable(info or {}),
     )

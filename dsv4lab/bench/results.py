@@ -55,8 +55,9 @@ def _ms(x: float | None) -> float:
     return math.nan if x is None else x * 1000
 
 
-def records_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
-    """One row per request; ``itl_ms`` holds each request's list of chunk gaps."""
+def records_frame(records: Sequence[RequestRecord], *, itl_unit: str = "chunk") -> pd.DataFrame:
+    """One row per request; ``itl_ms`` holds each request's inter-token latencies (chunk gaps, or per token
+    with ``itl_unit="token"``; see :meth:`~dsv4lab.bench.metrics.RequestRecord.itls`)."""
     rows = [
         {
             "index": r.index,
@@ -67,7 +68,7 @@ def records_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
             "ttft_ms": _ms(r.ttft_s),
             "tpot_ms": _ms(r.tpot_s),
             "e2e_ms": _ms(r.e2e_s),
-            "itl_ms": [g * 1000 for g in r.itl_s],
+            "itl_ms": [g * 1000 for g in r.itls(itl_unit)],
             "prompt_tokens": r.prompt_tokens,
             "output_tokens": r.output_tokens,
             "prompt_tokens_from_server": r.prompt_tokens_from_server,
@@ -156,6 +157,46 @@ class BenchResult:
     origin_perf_s: float | None = None
     #: The user stopped this run (Stop button, Ctrl-C); ``partial`` is set too.
     interrupted: bool = False
+    #: With ``profile=True``: the server's answer to ``/stop_profile`` (SGLang names the trace there).
+    profile: str | None = None
+
+    @property
+    def ttft_clock(self) -> str:
+        """Where each request's clock started: ``send`` (request bytes written to an open connection) or
+        ``connect`` (before encoding the body and opening a connection, as ``bench_serving`` does)."""
+        value = self.provenance.client_options.get("ttft_clock")
+        if isinstance(value, str):
+            return value
+        return "send" if self.provenance.backend == "dsv4lab" else "connect"
+
+    @property
+    def itl_unit(self) -> str:
+        """``chunk`` (one gap per chunk) or ``token`` (each chunk's gap split over its tokens)."""
+        value = self.provenance.client_options.get("itl_unit")
+        return value if isinstance(value, str) else "chunk"
+
+    @property
+    def definitions(self) -> dict[str, str]:
+        """The metric definitions this result follows, in words a report can quote."""
+        start = (
+            "before the request body was encoded and a new connection opened (bench_serving's clock)"
+            if self.ttft_clock == "connect"
+            else "when the request's bytes were written to an already open connection"
+        )
+        itl = (
+            "each gap between token-bearing chunks split evenly over the tokens of the later chunk"
+            if self.itl_unit == "token"
+            else "each gap between token-bearing chunks"
+        )
+        end = "the last line of the stream" if self.provenance.backend != "dsv4lab" else "the last token-bearing chunk"
+        return {
+            "clock": start,
+            "ttft": "first token-bearing chunk minus the request's start (see clock)",
+            "e2e": f"{end} minus the request's start",
+            "tpot": "(E2E - TTFT) / (output tokens - 1), per request with more than one output token",
+            "itl": itl,
+            "output_throughput": "output tokens of completed requests / benchmark duration",
+        }
 
     @property
     def time_scale(self) -> float | None:
@@ -203,6 +244,8 @@ class BenchResult:
             for stat in ("mean", "median", "p90", "p99"):
                 row[f"{name}_{stat}"] = getattr(d, stat)
         row["accept_length"] = s.accept_length
+        row["ttft_clock"] = self.ttft_clock
+        row["itl_unit"] = self.itl_unit
         scale = self.time_scale
         row["clock"] = "twin (scaled)" if scale is not None else "real"
         row["time_scale"] = scale
@@ -253,6 +296,8 @@ class BenchResult:
                 "total_output_tokens": s.total_output_tokens,
                 "output_tokens_from_server": s.output_tokens_from_server,
                 "goodput": s.goodput,
+                "ttft_clock": self.ttft_clock,
+                "itl_unit": self.itl_unit,
                 "ttft_ms": dist(s.ttft_ms),
                 "tpot_ms": dist(s.tpot_ms),
                 "itl_ms": dist(s.itl_ms),
@@ -280,6 +325,7 @@ class BenchResult:
             "diagnosis": to_jsonable(self.diagnosis),
             "origin_perf_s": self.origin_perf_s,
             "interrupted": self.interrupted,
+            "profile": self.profile,
             "summary": self.summary.to_dict(),
             "provenance": self.provenance.to_dict(),
             "requests": requests,
@@ -306,6 +352,7 @@ class BenchResult:
             id=str(data["id"]),
             origin_perf_s=data.get("origin_perf_s"),
             interrupted=bool(data.get("interrupted", False)),
+            profile=data.get("profile"),
         )
 
     def __repr__(self) -> str:

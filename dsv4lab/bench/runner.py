@@ -18,104 +18,58 @@ the blocking wrappers hand it over on :class:`~dsv4lab.errors.Interrupted`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
+import functools
 import gc
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from dsv4lab.bench.client import ClientOptions, prepare, send_request
+from dsv4lab.bench.death import DEATH_ERRORS, DEATH_WINDOW_S, PROBE_TIMEOUT_S, DeathWatch
 from dsv4lab.bench.httpstream import ConnectionPool, Endpoint
 from dsv4lab.bench.metrics import SLO, RequestRecord, summarize
 from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, records_frame, to_jsonable
-from dsv4lab.bench.serverinfo import discover_model, engine_of, gpu_names, server_info
+from dsv4lab.bench.serverinfo import (
+    discover_model,
+    engine_of,
+    flush_cache,
+    gpu_names,
+    server_info,
+    start_profile,
+    stop_profile_later,
+    stop_profile_quietly,
+)
 from dsv4lab.bench.store import ResultStore
-from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times
+from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
+from dsv4lab.bench.workload import _levels as _levels  # kept importable from here (ab, experiment)
 from dsv4lab.blocking import run_blocking
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.hosts import Host
 from dsv4lab.progress import Progress
 
-__all__ = ["INTERRUPTED", "DeathWatch", "run", "run_async", "run_sync", "sweep", "sweep_async"]
+__all__ = [
+    "DEATH_ERRORS",
+    "DEATH_WINDOW_S",
+    "INTERRUPTED",
+    "PROBE_TIMEOUT_S",
+    "DeathWatch",
+    "control_headers",
+    "run",
+    "run_async",
+    "run_sync",
+    "sweep",
+    "sweep_async",
+]
 
 T = TypeVar("T")
 
-#: Connection failures within this window that abort a run without waiting for the probe.
-DEATH_ERRORS, DEATH_WINDOW_S = 3, 2.0
-#: How long the liveness probe may take to connect before the server counts as dead.
-PROBE_TIMEOUT_S = 2.0
 #: After an abort, how long in-flight requests get to wind down before they are cancelled.
 ABORT_GRACE_S = 3.0
 #: The abort reason of a run the user stopped (Stop button, Ctrl-C).
 INTERRUPTED = "interrupted by the user"
-
-
-class DeathWatch:
-    """Decides, from connection failures, that the server is gone; then fires ``on_dead`` once."""
-
-    def __init__(self, endpoint: Endpoint, on_dead: Callable[[str], None]) -> None:
-        self.endpoint = endpoint
-        self._on_dead = on_dead
-        self._times: collections.deque[float] = collections.deque(maxlen=DEATH_ERRORS)
-        self._probe: asyncio.Task[None] | None = None
-        self.dead_reason: str | None = None
-
-    def connection_error(self, exc: BaseException) -> None:
-        if self.dead_reason is not None:
-            return
-        if isinstance(exc, ConnectionRefusedError):  # a refused connect already is the probe's answer
-            self._dead(f"server at {self.endpoint.url} refuses connections: {exc}")
-            return
-        now = time.monotonic()
-        self._times.append(now)
-        if len(self._times) == DEATH_ERRORS and now - self._times[0] <= DEATH_WINDOW_S:
-            self._dead(f"{DEATH_ERRORS} connection failures within {DEATH_WINDOW_S:g} s (last: {exc})")
-            return
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.get_running_loop().create_task(self._check(exc))
-
-    async def _check(self, cause: BaseException) -> None:
-        """Ask the HTTP server for ``/v1/models``: any answer means alive. A refused connect, a reset or EOF
-        means dead — a bare connect is not enough, because a process being killed can still complete a
-        handshake from its listen backlog. No answer within the timeout decides nothing (a hung server is
-        the request timeout's business)."""
-        ep = self.endpoint
-        probe = (
-            f"GET {ep.prefix}/v1/models HTTP/1.1\r\nHost: {ep.host_header()}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        writer: asyncio.StreamWriter | None = None
-        try:
-            reader, w = await asyncio.wait_for(asyncio.open_connection(ep.host, ep.port), PROBE_TIMEOUT_S)
-            writer = w
-            w.write(probe)
-            first = await asyncio.wait_for(reader.read(1), PROBE_TIMEOUT_S)
-        except (asyncio.TimeoutError, TimeoutError):
-            return
-        except OSError as exc:
-            self._dead(f"server at {ep.url} does not accept connections after a failed request ({cause}); {exc!r}")
-            return
-        finally:
-            if writer is not None:
-                writer.close()
-        if not first:
-            self._dead(f"server at {ep.url} closes connections without answering after a failed request ({cause})")
-
-    async def settle(self) -> None:
-        """Wait for a probe in progress (so a run does not start against a server being found dead)."""
-        if self._probe is not None and not self._probe.done():
-            await asyncio.gather(self._probe, return_exceptions=True)
-
-    def _dead(self, reason: str) -> None:
-        if self.dead_reason is None:
-            self.dead_reason = reason
-            self._on_dead(reason)
-
-    def cancel(self) -> None:
-        if self._probe is not None and not self._probe.done():
-            self._probe.cancel()
 
 
 class _Run:
@@ -154,7 +108,7 @@ class _Run:
     async def execute(
         self,
         specs: Sequence[RequestSpec],
-        payloads: Sequence[bytes],
+        payloads: Sequence[bytes | Callable[[], bytes]],
         schedule: Sequence[float],
         cap: int | None,
         origin: float,
@@ -252,6 +206,15 @@ async def _diagnose(on_server_death: Callable[[], object] | None, timeout_s: flo
         return f"on_server_death() failed: {exc!r}"
 
 
+def control_headers(options: ClientOptions) -> dict[str, str]:
+    """Headers for the run's side requests (info, flush, profile): the user's headers and API key, so a
+    server behind a key answers them too."""
+    headers = dict(options.headers)
+    if options.api_key:
+        headers["Authorization"] = f"Bearer {options.api_key}"
+    return headers
+
+
 async def run_async(
     url: str,
     workload: Workload,
@@ -270,6 +233,8 @@ async def run_async(
     gpus: Sequence[str] | None = None,
     store: ResultStore | str | None = None,
     info_timeout_s: float = 10.0,
+    profile: bool = False,
+    profile_output_dir: str | None = None,
 ) -> BenchResult:
     """Benchmark ``workload`` against the server at ``url`` (e.g. ``http://127.0.0.1:30000``).
 
@@ -277,20 +242,24 @@ async def run_async(
     provenance; ``info``/``gpus`` skip the lookups when the caller already has them. With ``store`` the
     result is appended to that run directory's result store. ``progress`` is a bool or a
     :class:`~dsv4lab.progress.Progress` to report into (a sweep shares one). Cancelling the task (the
-    user's Stop) returns the partial result instead of raising.
+    user's Stop) returns the partial result instead of raising. ``profile`` runs the server's torch
+    profiler over the measured requests (not the warmup), traces in ``profile_output_dir`` on the server
+    host; the server's answer to ``/stop_profile`` is kept in ``BenchResult.profile``.
     """
     load = load or LoadSpec()
     options = options or ClientOptions()
     endpoint = Endpoint.parse(url)
     base = endpoint.url
+    headers = control_headers(options)
     desc = f"{label + ' ' if label else ''}c={load.concurrency if load.concurrency is not None else 'inf'}"
     own_progress = not isinstance(progress, Progress)
     reporter = progress if isinstance(progress, Progress) else Progress(f"bench {desc}", enabled=progress)
+    ask_info = info is None
     if info is None:
-        info = await server_info(base, timeout_s=info_timeout_s)
+        info = await server_info(base, timeout_s=info_timeout_s, headers=headers)
     model = options.model
     if model is None and options.api != "generate":
-        model = await discover_model(base, timeout_s=info_timeout_s)
+        model = await discover_model(base, timeout_s=info_timeout_s, headers=headers)
     if gpus is None:
         gpus = await asyncio.to_thread(gpu_names, host) if host is not None else ()
     engine, version = engine_of(dict(info))
@@ -313,20 +282,28 @@ async def run_async(
     pool = ConnectionPool(endpoint, connect_timeout_s=options.connect_timeout_s)
     state = _Run(endpoint, options, pool)
     specs = list(workload.requests)
-    payloads = [prepare(endpoint, s, options, model) for s in specs]
+    payloads = _payloads(endpoint, specs, options, model)
     gc_was_enabled = gc.isenabled()
     origin = time.perf_counter()
+    profiling = False
+    profile_answer: str | None = None
     try:
         if load.warmup:
             warm = _warmup_specs(workload, load.warmup)
-            warm_payloads = [prepare(endpoint, s, options, model) for s in warm]
             cap = min(load.warmup, load.concurrency or load.warmup)
             reporter.update(f"{desc} warmup", fraction=0.0, detail=f"{len(warm)} request(s)")
+            warm_payloads = _payloads(endpoint, warm, options, model)
             await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _: None)
             await state.watch.settle()
+        if load.flush_cache and not state.abort.is_set():
+            reporter.update(f"{desc} flush cache", fraction=0.0)
+            await flush_cache(base, headers=headers)
         schedule = arrival_times(len(specs), load)
-        if not state.abort.is_set():
+        if not state.abort.is_set() and options.ttft_clock == "send":
             await pool.preconnect(min(load.concurrency or len(specs), len(specs)))
+        if profile and not state.abort.is_set():
+            await start_profile(base, output_dir=profile_output_dir, headers=headers)
+            profiling = True
         gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
         origin = time.perf_counter()
         if state.abort.is_set():
@@ -361,10 +338,17 @@ async def run_async(
     if state.abort_time is not None:
         duration = max(duration, state.abort_time - origin) if ends else max(0.0, state.abort_time - origin)
     dead = state.abort.is_set() and not state.interrupted
+    if profiling and state.interrupted:  # Stop must return now: the profiler is stopped in the background
+        stop_profile_later(base, headers)
+        profile_answer = "stopped in the background after the user's Stop"
+    elif profiling:
+        profile_answer = await stop_profile_quietly(base, headers, quiet=state.abort.is_set())
     diagnosis = await _diagnose(on_server_death, diagnosis_timeout_s) if dead else None
+    if ask_info and not state.abort.is_set():  # the accept length of *this* run, as bench_serving reads it
+        info = await server_info(base, timeout_s=info_timeout_s, headers=headers) or info
     result = BenchResult(
-        summary=summarize(records, duration, slo=slo, accept_length=_accept_length(info)),
-        requests=records_frame(records),
+        summary=summarize(records, duration, slo=slo, accept_length=_accept_length(info), itl_unit=options.itl_unit),
+        requests=records_frame(records, itl_unit=options.itl_unit),
         provenance=provenance,
         concurrency=load.concurrency,
         request_rate=load.request_rate,
@@ -375,12 +359,23 @@ async def run_async(
         diagnosis=diagnosis,
         origin_perf_s=origin,
         interrupted=state.interrupted,
+        profile=profile_answer,
     )
     if store is not None:
         (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
     if own_progress:
         _finish(reporter, result)
     return result
+
+
+def _payloads(
+    endpoint: Endpoint, specs: Sequence[RequestSpec], options: ClientOptions, model: str | None
+) -> list[bytes | Callable[[], bytes]]:
+    """Request bytes built now (clock from the send), or builders the request calls once its clock runs
+    (``ttft_clock="connect"``, bench_serving's clock)."""
+    if options.ttft_clock == "connect":
+        return [functools.partial(prepare, endpoint, s, options, model) for s in specs]
+    return [prepare(endpoint, s, options, model) for s in specs]
 
 
 def _finish(reporter: Progress, result: BenchResult) -> None:
@@ -405,8 +400,8 @@ def _accept_length(info: Mapping[str, Any]) -> float | None:
 
 async def sweep_async(
     url: str,
-    workload: Workload | Callable[[int], Workload],
-    concurrencies: Sequence[int] | int | str,
+    workload: Workload | Callable[[int], Workload] | Callable[[int | None], Workload],
+    concurrencies: Sequence[int | None] | int | str | None,
     *,
     repeats: int = 1,
     load: LoadSpec | None = None,
@@ -418,13 +413,25 @@ async def sweep_async(
     host: Host | None = None,
     config: Any = None,
     store: ResultStore | str | None = None,
+    profile: bool = False,
+    profile_output_dir: str | None = None,
 ) -> BenchRuns:
     """:func:`run_async` at each concurrency level, ``repeats`` times each. ``workload`` may be a function of
-    the level (e.g. more prompts at higher concurrency). Stops after a run that ended early (the server
-    died, or the user stopped it); the runs so far come back, the last one partial."""
+    the level (e.g. more prompts at higher concurrency). A level of ``None`` (or ``"inf"`` in text) is no
+    cap: every request may be in flight, as SGLang's ``bench_serving`` without ``--max-concurrency``.
+    Stops after a run that ended early (the server died, or the user stopped it); the runs so far come
+    back, the last one partial."""
     reporter = progress if isinstance(progress, Progress) else Progress(f"sweep {label}".strip(), enabled=progress)
     runs: list[BenchResult] = []
-    options_kw = {"slo": slo, "on_server_death": on_server_death, "host": host, "config": config, "store": store}
+    options_kw = {
+        "slo": slo,
+        "on_server_death": on_server_death,
+        "host": host,
+        "config": config,
+        "store": store,
+        "profile": profile,
+        "profile_output_dir": profile_output_dir,
+    }
     await _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, options_kw)
     if not isinstance(progress, Progress):
         _finish_sweep(reporter, runs)
@@ -434,8 +441,8 @@ async def sweep_async(
 async def _sweep_into(
     runs: list[BenchResult],
     url: str,
-    workload: Workload | Callable[[int], Workload],
-    concurrencies: Sequence[int] | int | str,
+    workload: Workload | Callable[[int], Workload] | Callable[[int | None], Workload],
+    concurrencies: Sequence[int | None] | int | str | None,
     repeats: int,
     load: LoadSpec | None,
     options: ClientOptions | None,
@@ -446,12 +453,13 @@ async def _sweep_into(
     """The sweep itself, appending each run to ``runs`` as it ends, so a stopped sweep keeps them."""
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
-    levels = _levels(concurrencies)
+    levels = cap_levels(concurrencies)
     planned = len(levels) * repeats
     for level in levels:
-        wl = workload(level) if callable(workload) else workload
+        wl = cast("Callable[[int | None], Workload]", workload)(level) if callable(workload) else workload
         for r in range(repeats):
-            reporter.update(f"run {len(runs) + 1}/{planned}: c={level} repeat {r + 1}", fraction=0.0)
+            shown = "inf" if level is None else level
+            reporter.update(f"run {len(runs) + 1}/{planned}: c={shown} repeat {r + 1}", fraction=0.0)
             load_c = dataclasses.replace(load or LoadSpec(), concurrency=level)
             result = await run_async(url, wl, load_c, options, label=label, repeat=r, progress=reporter, **run_kw)
             runs.append(result)
@@ -465,23 +473,6 @@ def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:
     else:
         best = max((x.summary.output_throughput for x in runs), default=0.0)
         reporter.finish(f"done: {len(runs)} runs, best {best:,.1f} output tok/s", "ok")
-
-
-def _levels(concurrencies: Sequence[int] | int | str) -> list[int]:
-    """Concurrency levels from a list, one int, or text like ``"1,16"`` (a papermill ``-p`` value)."""
-    if isinstance(concurrencies, str):
-        parts = [p for p in concurrencies.replace(" ", ",").split(",") if p]
-        try:
-            values = [int(p) for p in parts]
-        except ValueError:
-            raise BenchError(f"concurrency levels must be integers like 1,16; got {concurrencies!r}") from None
-    elif isinstance(concurrencies, int):
-        values = [concurrencies]
-    else:
-        values = list(concurrencies)
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise BenchError(f"concurrency levels must be one or more integers >= 1, got {concurrencies!r}")
-    return values
 
 
 def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "benchmark", progress: Progress | None = None) -> T:
@@ -508,6 +499,8 @@ def run(
     gpus: Sequence[str] | None = None,
     store: ResultStore | str | None = None,
     info_timeout_s: float = 10.0,
+    profile: bool = False,
+    profile_output_dir: str | None = None,
 ) -> BenchResult:
     """Blocking :func:`run_async` (works in a notebook cell too). Stop returns control within about a
     second: in-flight streams are cut and :class:`~dsv4lab.errors.Interrupted` carries the partial result."""
@@ -530,6 +523,8 @@ def run(
         gpus=gpus,
         store=store,
         info_timeout_s=info_timeout_s,
+        profile=profile,
+        profile_output_dir=profile_output_dir,
     )
     try:
         result = run_sync(coro, what="benchmark", progress=reporter)
@@ -548,8 +543,8 @@ def run(
 
 def sweep(
     url: str,
-    workload: Workload | Callable[[int], Workload],
-    concurrencies: Sequence[int] | int | str,
+    workload: Workload | Callable[[int], Workload] | Callable[[int | None], Workload],
+    concurrencies: Sequence[int | None] | int | str | None,
     *,
     repeats: int = 1,
     load: LoadSpec | None = None,
@@ -561,12 +556,22 @@ def sweep(
     host: Host | None = None,
     config: Any = None,
     store: ResultStore | str | None = None,
+    profile: bool = False,
+    profile_output_dir: str | None = None,
 ) -> BenchRuns:
     """Blocking :func:`sweep_async`; Stop keeps the finished runs and the partial one (on
     :class:`~dsv4lab.errors.Interrupted`'s ``partial``, a :class:`BenchRuns`)."""
     reporter = Progress(f"sweep {label}".strip(), enabled=progress)
     runs: list[BenchResult] = []
-    run_kw = {"slo": slo, "on_server_death": on_server_death, "host": host, "config": config, "store": store}
+    run_kw = {
+        "slo": slo,
+        "on_server_death": on_server_death,
+        "host": host,
+        "config": config,
+        "store": store,
+        "profile": profile,
+        "profile_output_dir": profile_output_dir,
+    }
     coro = _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, run_kw)
     try:
         run_sync(coro, what="sweep", progress=reporter)

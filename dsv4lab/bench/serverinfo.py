@@ -1,31 +1,53 @@
-"""What the benchmark asks the server (and its host) for provenance: model name, engine and version, GPUs.
+"""The benchmark's one-off requests to the server besides the measured ones: provenance (model name, engine
+and version, GPUs), readiness, cache flush and profiling.
 
-These are small one-off GETs, so they use aiohttp with explicit timeouts; a server that does not answer
-them is still benchmarked — provenance then says "unknown" instead of failing the run.
+These are small requests, so they use aiohttp with explicit timeouts. A server that does not answer the
+provenance GETs is still benchmarked — provenance then says "unknown" instead of failing the run; a flush
+or a profile the user asked for and did not get is an error, since the run would not be what was asked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
-from dsv4lab.errors import DSV4LabError
+from dsv4lab.errors import BenchError, DSV4LabError
 from dsv4lab.hosts import Host
 
-__all__ = ["discover_model", "engine_of", "fetch_json", "gpu_names", "server_info"]
+__all__ = [
+    "discover_model",
+    "engine_of",
+    "fetch_json",
+    "flush_cache",
+    "gpu_names",
+    "server_info",
+    "start_profile",
+    "stop_profile",
+    "stop_profile_later",
+    "stop_profile_quietly",
+    "wait_until_ready",
+]
 
 #: Info paths, newest first: 0.5.16+ serve /server_info, older releases /get_server_info.
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 
 
-async def fetch_json(url: str, *, timeout_s: float) -> Any | None:
+async def fetch_json(url: str, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any | None:
     """GET ``url`` and parse JSON; None on any failure (refused, timeout, non-200, not JSON)."""
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url, headers=dict(headers or {})) as resp,
+        ):
             if resp.status != 200:
                 return None
             return json.loads(await resp.read())
@@ -33,18 +55,22 @@ async def fetch_json(url: str, *, timeout_s: float) -> Any | None:
         return None
 
 
-async def server_info(base_url: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+async def server_info(
+    base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The server's ``/server_info`` (or older ``/get_server_info``) JSON, or ``{}``."""
     for path in SERVER_INFO_PATHS:
-        data = await fetch_json(base_url + path, timeout_s=timeout_s)
+        data = await fetch_json(base_url + path, timeout_s=timeout_s, headers=headers)
         if isinstance(data, dict):
             return data
     return {}
 
 
-async def discover_model(base_url: str, *, timeout_s: float = 10.0) -> str | None:
+async def discover_model(
+    base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None
+) -> str | None:
     """The first model id of ``/v1/models`` (what SGLang's own client uses when no model is given)."""
-    data = await fetch_json(base_url + "/v1/models", timeout_s=timeout_s)
+    data = await fetch_json(base_url + "/v1/models", timeout_s=timeout_s, headers=headers)
     if isinstance(data, dict):
         models = data.get("data")
         if isinstance(models, list) and models and isinstance(models[0], dict):
@@ -79,3 +105,90 @@ def gpu_names(host: Host, *, timeout_s: float = 20.0) -> tuple[str, ...]:
     if not result.ok:
         return ()
     return tuple(line.strip() for line in result.stdout.splitlines() if line.strip())
+
+
+async def _post(
+    url: str, *, body: Mapping[str, Any] | None, timeout_s: float, headers: Mapping[str, str] | None
+) -> tuple[int, str]:
+    """POST (a JSON body, or none) and return (status, text); a transport failure is a BenchError."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url, json=dict(body) if body is not None else None, headers=dict(headers or {})) as resp,
+        ):
+            return resp.status, (await resp.text()).strip()
+    except (asyncio.TimeoutError, TimeoutError):
+        raise BenchError(f"POST {url} got no answer within {timeout_s:g} s") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise BenchError(f"POST {url} failed: {exc}") from None
+
+
+async def flush_cache(
+    base_url: str, *, wait_s: float = 60.0, timeout_s: float = 90.0, headers: Mapping[str, str] | None = None
+) -> None:
+    """Empty the server's prefix cache (SGLang ``POST /flush_cache``), so a run does not reuse the prefixes
+    of the one before. SGLang 0.5.23 waits up to ``timeout`` seconds (``wait_s``) for running requests to
+    end; older releases refuse at once when busy. A refusal raises :class:`BenchError`."""
+    status, text = await _post(
+        f"{base_url}/flush_cache?timeout={wait_s:g}", body=None, timeout_s=timeout_s, headers=headers
+    )
+    if status != 200:
+        raise BenchError(f"the server did not flush its cache (flush_cache: HTTP {status}: {text[:300]})")
+
+
+async def start_profile(
+    base_url: str, *, output_dir: str | None = None, timeout_s: float = 60.0, headers: Mapping[str, str] | None = None
+) -> None:
+    """Start the server's torch profiler (``POST /start_profile``); traces go to ``output_dir`` on the server
+    host (default: the server's ``SGLANG_TORCH_PROFILER_DIR``)."""
+    body: dict[str, Any] = {"activities": ["CPU", "GPU"]}
+    if output_dir is not None:
+        body["output_dir"] = output_dir
+    status, text = await _post(f"{base_url}/start_profile", body=body, timeout_s=timeout_s, headers=headers)
+    if status != 200:
+        raise BenchError(f"the server did not start profiling (start_profile: HTTP {status}: {text[:300]})")
+
+
+async def stop_profile(base_url: str, *, timeout_s: float = 300.0, headers: Mapping[str, str] | None = None) -> str:
+    """Stop the profiler (``POST /stop_profile``) and return the server's answer (it names the trace)."""
+    status, text = await _post(f"{base_url}/stop_profile", body={}, timeout_s=timeout_s, headers=headers)
+    if status != 200:
+        raise BenchError(f"the server did not stop profiling (stop_profile: HTTP {status}: {text[:300]})")
+    return text
+
+
+async def wait_until_ready(base_url: str, timeout_s: float, *, headers: Mapping[str, str] | None = None) -> None:
+    """Poll ``GET /v1/models`` once a second until it answers 200 (``bench_serving --ready-check-timeout-sec``);
+    raise :class:`BenchError` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if await fetch_json(base_url + "/v1/models", timeout_s=max(0.1, min(5.0, left)), headers=headers) is not None:
+            return
+        if time.monotonic() >= deadline:
+            raise BenchError(f"the server at {base_url} was not ready (GET /v1/models) within {timeout_s:g} s")
+        await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def stop_profile_later(base: str, headers: Mapping[str, str]) -> None:
+    """POST /stop_profile from a thread that outlives the call (a profiler left running fills the disk)."""
+
+    def stop() -> None:
+        url = f"{base}/stop_profile"  # base is the run's http(s) endpoint
+        request = urllib.request.Request(url, data=b"{}", headers=dict(headers), method="POST")  # noqa: S310
+        request.add_header("Content-Type", "application/json")
+        with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=300.0):  # noqa: S310
+            pass
+
+    threading.Thread(target=stop, name="dsv4lab-stop-profile", daemon=False).start()
+
+
+async def stop_profile_quietly(base: str, headers: Mapping[str, str], *, quiet: bool) -> str | None:
+    """Stop the profiler; after an aborted run the server may be gone, so a failure is only noted."""
+    try:
+        return await stop_profile(base, headers=headers)
+    except BenchError as exc:
+        if not quiet:
+            raise
+        return f"not stopped: {exc}"

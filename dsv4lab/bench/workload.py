@@ -26,6 +26,7 @@ __all__ = [
     "RequestSpec",
     "Workload",
     "arrival_times",
+    "cap_levels",
     "random_workload",
     "shared_prefix_workload",
     "sharegpt_workload",
@@ -216,14 +217,21 @@ def sharegpt_workload(
     max_prompt_len: int = 1024,
     max_output_len: int = 2048,
     seed: int = 0,
+    context_len: int | None = None,
 ) -> Workload:
     """Prompts from a ShareGPT-style JSON file: a list of ``{"conversations": [{"from", "value"}, ...]}``.
 
     The first human turn is the prompt; the reply that follows sets the output length (estimated from its
-    text at ~4 characters per token) unless ``output_len`` fixes it. Conversations with fewer than two
-    turns, or prompts estimated longer than ``max_prompt_len``, are skipped, as other tools do.
+    text at ~4 characters per token, capped at ``max_output_len``) unless ``output_len`` fixes it (SGLang's
+    ``--sharegpt-output-len``). Conversations with fewer than two turns, or prompts estimated longer than
+    ``max_prompt_len``, are skipped, as other tools do; ``context_len`` also skips requests whose prompt
+    plus output exceed it (SGLang's ``--sharegpt-context-len``).
     """
     _check_positive(num_prompts=num_prompts)
+    if output_len is not None:
+        _check_positive(output_len=output_len)
+    if context_len is not None:
+        _check_positive(context_len=context_len)
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
@@ -249,6 +257,8 @@ def sharegpt_workload(
         if n_in > max_prompt_len:
             continue
         n_out = output_len if output_len is not None else min(max_output_len, _estimate_tokens(reply))
+        if context_len is not None and n_in + n_out > context_len:
+            continue
         reqs.append(RequestSpec(len(reqs), prompt, n_in, n_out))
         if len(reqs) == num_prompts:
             break
@@ -261,6 +271,7 @@ def sharegpt_workload(
         "output_len": output_len,
         "max_prompt_len": max_prompt_len,
         "max_output_len": max_output_len,
+        "context_len": context_len,
     }
     return Workload("sharegpt", seed, tuple(reqs), params)
 
@@ -273,7 +284,9 @@ class LoadSpec:
     loop with gamma inter-arrival times of shape ``burstiness`` (1.0 = Poisson); ``inf`` sends every
     request at t=0, so with a cap it is a closed loop at fixed concurrency. Each request has a scheduled
     time; the time it then waits for a free slot is measured and reported (``queue_ms``), so a saturated
-    server cannot hide behind the client's semaphore. ``warmup`` requests run first and are not counted.
+    server cannot hide behind the client's semaphore. ``warmup`` requests run first and are not counted;
+    ``flush_cache`` then empties the server's prefix cache before the measured requests (SGLang's
+    ``--flush-cache``), so a run does not reuse what the warmup or the previous run left there.
     """
 
     concurrency: int | None = 1
@@ -281,6 +294,7 @@ class LoadSpec:
     burstiness: float = 1.0
     warmup: int = 1
     seed: int = 0
+    flush_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
@@ -299,6 +313,7 @@ class LoadSpec:
             "burstiness": self.burstiness,
             "warmup": self.warmup,
             "seed": self.seed,
+            "flush_cache": self.flush_cache,
         }
 
 
@@ -333,3 +348,45 @@ def concurrency_levels(spec: str | Sequence[int]) -> list[int]:
     if not levels:
         raise BenchError("no concurrency levels given")
     return levels
+
+
+def _levels(concurrencies: Sequence[int] | int | str) -> list[int]:
+    """Concurrency levels from a list, one int, or text like ``"1,16"`` (a papermill ``-p`` value)."""
+    if isinstance(concurrencies, str):
+        parts = [p for p in concurrencies.replace(" ", ",").split(",") if p]
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise BenchError(f"concurrency levels must be integers like 1,16; got {concurrencies!r}") from None
+    elif isinstance(concurrencies, int):
+        values = [concurrencies]
+    else:
+        values = list(concurrencies)
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise BenchError(f"concurrency levels must be one or more integers >= 1, got {concurrencies!r}")
+    return values
+
+
+#: Words that mean "no concurrency cap" in a list of levels.
+NO_CAP = ("inf", "none", "unlimited")
+
+
+def cap_levels(concurrencies: Sequence[int | None] | int | str | None) -> list[int | None]:
+    """Like :func:`_levels`, where ``None`` (or ``inf``/``none``/``unlimited`` in text) is a level without a
+    cap. Duplicates are kept (a sweep may repeat a level on purpose)."""
+    if concurrencies is None:
+        return [None]
+    if isinstance(concurrencies, str):
+        parts = [p for p in concurrencies.replace(" ", ",").split(",") if p]
+        out: list[int | None] = []
+        for part in parts:
+            out.extend([None] if part.lower() in NO_CAP else _levels(part))
+        if not out:
+            raise BenchError(f"concurrency levels must be integers like 1,16 or inf; got {concurrencies!r}")
+        return out
+    if isinstance(concurrencies, int):
+        return list(_levels(concurrencies))
+    values = list(concurrencies)
+    if not values:
+        raise BenchError("no concurrency levels given")
+    return [None if v is None else _levels([v])[0] for v in values]
