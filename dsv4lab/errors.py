@@ -229,9 +229,13 @@ class PlotError(DSV4LabError):
 
 
 class NotebookError(DSV4LabError):
-    """An experiment notebook failed; its report is still written and named here."""
+    """An experiment notebook failed; its report is still written and named here (``run`` has it all)."""
 
     exit_code: ClassVar[int] = 10
+
+    def __init__(self, message: str, run: Any = None) -> None:
+        super().__init__(message)
+        self.run = run
 
 
 class Interrupted(KeyboardInterrupt):

@@ -21,7 +21,6 @@ import contextlib
 import datetime as _dt
 import re
 import sys
-import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.config import ServerConfig
 from dsv4lab.errors import ConfigError, StaleServerError
+from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.hosts import Host, LocalHost, open_host
 from dsv4lab.launch import ServerHandle, attach, launch, pick_port
@@ -111,6 +111,8 @@ class Lab:
         self.run_root = Path(run_root).expanduser().resolve()
         self.session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.host: Host = open_host(host, known_hosts=known_hosts, trust_unknown_host=trust_host_key)
+        #: How to reach the host again (a report, a runner stopping orphans): "local" or the SSH alias.
+        self.host_spec = "local" if isinstance(self.host, LocalHost) else self.host.name
         self.remote_root = remote_root
         self.servers: list[Server] = []
         self._samplers: dict[int, Any] = {}
@@ -216,16 +218,26 @@ class Lab:
         local_dir = self.run_root / label
         local_dir.mkdir(parents=True, exist_ok=True)
         run_dir = str(local_dir) if self.is_local else f"{self.remote_root}/{self.session}/{label}"
-        handle = self._start(cfg, run_dir, port, fault)
+        handle, sampler, sampler_error = self._start(cfg, run_dir, port, fault, local_dir if sample_gpus else None)
         server = Server(self, handle, label, local_dir, keep=self.keep_servers if keep is None else keep)
         self.servers.append(server)
-        if sample_gpus:
-            self._start_sampler(server)
+        if sampler is not None:
+            self._samplers[id(server)] = sampler
+        server._sampler_error = sampler_error
+        # A record beside the results, so that a runner can find (and stop) the server if this kernel dies.
+        record = {**handle.to_dict(), "host_spec": self.host_spec, "keep": server.keep, "name": label}
+        write_json_atomic(local_dir / "server.json", record)
         if wait:
             server.wait()
         return server
 
-    def _start(self, cfg: ServerConfig, run_dir: str, port: int | None, fault: str | None) -> ServerHandle:
+    def _start(
+        self, cfg: ServerConfig, run_dir: str, port: int | None, fault: str | None, samples_dir: Path | None
+    ) -> tuple[ServerHandle, Any, Exception | None]:
+        """Pick a port, start GPU sampling for it, launch; retry on the next port if another launch won it.
+
+        Sampling starts *before* the server so the timeline holds the whole startup from idle GPUs on.
+        """
         twin_env: dict[str, str] | None = None
         if self.target == "twin":
             twin_env = {"DSV4LAB_TWIN_HARDWARE": self.hardware.name, "DSV4LAB_TWIN_TIME_SCALE": str(self.time_scale)}
@@ -239,8 +251,11 @@ class Lab:
         skipped: list[int] = [s.port for s in self.servers if s.stopped is None]
         for _ in range(_PORT_ATTEMPTS):
             chosen = port if port is not None else pick_port(self.host, self.base_port, avoid=skipped)
+            sampler, error = None, None
+            if samples_dir is not None:
+                sampler, error = self._sampler(chosen, twin_env, python, samples_dir)
             try:
-                return launch(
+                handle = launch(
                     self.host,
                     cfg.replace(port=chosen),
                     run_dir,
@@ -249,11 +264,36 @@ class Lab:
                     python=python,
                     twin_env=twin_env,
                 )
-            except StaleServerError:
-                if port is not None:
+            except BaseException as exc:
+                if sampler is not None:
+                    sampler.stop()
+                if not isinstance(exc, StaleServerError) or port is not None:
                     raise
                 skipped.append(chosen)
+                continue
+            return handle, sampler, error
         raise StaleServerError(self.host.name, skipped[-1], holder=f"other servers: ports {skipped} are all taken")
+
+    def _sampler(
+        self, port: int, twin_env: dict[str, str] | None, python: str | None, samples_dir: Path
+    ) -> tuple[Any, Exception | None]:
+        """A started GPU sampler for the server about to run on ``port`` (the twin's stand-in picks it by
+        port), or the reason it could not start — shown by ``gpu_memory()`` and as a warning now."""
+        import warnings
+
+        from dsv4lab.gpumem import GpuSampler, smi_command_for, twin_interval_ms
+
+        command = smi_command_for(self.target, python=python or "python3", port=port, twin_env=twin_env)
+        interval = twin_interval_ms(self.time_scale) if self.target == "twin" else 500
+        sampler = GpuSampler(
+            self.host, interval_ms=interval, csv_path=samples_dir / "gpu_memory.csv", smi_command=command
+        )
+        try:
+            sampler.start()
+        except Exception as exc:  # the server can run without it; its memory chart cannot
+            warnings.warn(f"GPU memory sampling on {self.host.name} could not start: {exc}", stacklevel=3)
+            return None, exc
+        return sampler, None
 
     def _unique_name(self, base: str) -> str:
         if not _NAME.match(base):
@@ -303,8 +343,11 @@ class Lab:
         output_len: int = DEFAULT_OUTPUT_LEN,
         seed: int = 7,
         interleave: bool = True,
+        labels: tuple[str, str] | None = None,
     ) -> bench.ABRuns:
-        """A/B of two running servers: the same workload, interleaved repeats, Welch CIs (``.compare()``)."""
+        """A/B of two running servers: the same workload, interleaved repeats, Welch CIs (``.compare()``).
+
+        ``labels`` name the arms in tables and charts (default: the servers' names)."""
         for s in (a, b):
             s._require_ready("benchmark")
 
@@ -322,8 +365,8 @@ class Lab:
                 repeats=repeats,
                 interleave=interleave,
                 load=bench.LoadSpec(warmup=0),
-                label_a=a.name,
-                label_b=b.name,
+                label_a=labels[0] if labels else a.name,
+                label_b=labels[1] if labels else b.name,
                 progress=self.progress,
                 store=store,
             )
@@ -334,6 +377,59 @@ class Lab:
             raise
         a.runs, b.runs = a.runs + runs.a, b.runs + runs.b
         return runs
+
+    def compare(
+        self,
+        a: ServerConfig | str,
+        b: ServerConfig | str,
+        concurrency: Sequence[int] | int | str = (1, 16),
+        *,
+        names: tuple[str, str] = ("A", "B"),
+        repeats: int = 3,
+        prompts: int | None = None,
+        input_len: int = DEFAULT_INPUT_LEN,
+        output_len: int = DEFAULT_OUTPUT_LEN,
+        seed: int = 7,
+        together: bool | None = None,
+        timeout_s: float = 900.0,
+    ) -> bench.ABRuns:
+        """A/B of two configs, each launched for it and stopped after.
+
+        ``together`` runs both servers at once and interleaves A, B, A, B (drift spreads over both arms);
+        that needs a host that holds both, which the twin does and a GPU host serving one TP-8 model does
+        not. By default the twin runs them together and a real host one after the other (A's repeats,
+        then B's). A config that does not start raises :class:`~dsv4lab.errors.LaunchError` with its verdict.
+        """
+        from dsv4lab.errors import LaunchError
+
+        together = self.target == "twin" if together is None else together
+        started: list[Server] = []
+
+        def start(config: ServerConfig | str, name: str) -> Server:
+            server = self.launch(config, name=name)
+            started.append(server)
+            server.wait(timeout_s)
+            if not server.ready:
+                reason = server.readiness.reason if server.readiness is not None else "no verdict"
+                raise LaunchError(f"{name} did not start for the comparison: {server.state}: {reason}")
+            return server
+
+        kw: dict[str, Any] = {"prompts": prompts, "input_len": input_len, "output_len": output_len, "seed": seed}
+        try:
+            if together:
+                sa, sb = start(a, names[0]), start(b, names[1])
+                return self.ab(sa, sb, concurrency, repeats=repeats, labels=names, **kw)
+            runs: list[bench.BenchRuns] = []
+            for config, name in ((a, names[0]), (b, names[1])):
+                server = start(config, name)
+                runs.append(server.bench(concurrency, repeats=repeats, **kw))
+                server.stop(grace_s=10.0)
+            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), names[0], names[1])
+        finally:
+            for server in started:
+                if server.stopped is None:
+                    with contextlib.suppress(Exception):
+                        server.stop(grace_s=10.0)
 
     def ps(self) -> pd.DataFrame:
         """The servers of this session and whether each is alive now."""
@@ -368,25 +464,6 @@ class Lab:
         self.close()
 
     # -- GPU memory ------------------------------------------------------------------------------------------
-
-    def _start_sampler(self, server: Server) -> None:
-        """Sample the host's GPUs for ``server`` from now on (nvidia-smi's loop, or the twin's stand-in).
-
-        Started in the background so that the launch returns at once; a sampler that cannot start (no
-        nvidia-smi on the host) is reported by ``gpu_memory()``, with the reason.
-        """
-        from dsv4lab.gpumem import sampler_for
-
-        sampler = sampler_for(server.handle, csv_path=server.local_dir / "gpu_memory.csv")
-        self._samplers[id(server)] = sampler
-
-        def start() -> None:
-            try:
-                sampler.start()
-            except Exception as exc:  # shown by gpu_memory(); the server itself is fine
-                server._sampler_error = exc
-
-        threading.Thread(target=start, name=f"dsv4lab-sampler-{server.name}", daemon=True).start()
 
     def _stop_sampler(self, server: Server) -> None:
         sampler = self._samplers.pop(id(server), None)

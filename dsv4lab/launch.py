@@ -126,9 +126,9 @@ class ServerHandle:
 
         facts: list[tuple[str, object]] = [
             ("host", f"{self.host.name} ({self.target}, SGLang {self.sglang_version} flags)"),
-            ("port", self.port),
+            ("port", str(self.port)),
             ("run dir", self.run_dir),
-            ("launcher PID", self.launcher_pid),
+            ("launcher PID", str(self.launcher_pid)),
         ]
         return hv.card("launched server", hv.kv_table(facts))
 

@@ -1,10 +1,11 @@
-"""Progress that survives a report: live in JupyterLab, plain text lines under papermill and in scripts.
+"""Progress that survives a report: live in JupyterLab and under papermill, plain text lines in scripts.
 
 tqdm's notebook bars are widgets: their state is lost in a saved notebook and in HTML, and showing them
-needs a widget manager from a CDN. Here a progress line is an ordinary HTML display output updated in
-place (``display_id``), so the saved notebook keeps its *final* state — in red when the server crashed —
-and needs nothing to show it. Under papermill (the runner sets ``DSV4LAB_PROGRESS=text``) and in scripts
-it prints one plain line per change of status instead, which reads well in logs and in reports.
+needs a widget manager from a CDN. Here a progress line is an ordinary display output updated in place
+(``display_id``): JupyterLab redraws it live, papermill's client applies the same updates to the saved
+notebook, so the notebook and its report keep the *final* state — in red when the server crashed — with
+a plain-text twin beside the HTML, and need nothing to show it. In scripts (no kernel) it prints one
+plain line per change of status to stderr instead. ``DSV4LAB_PROGRESS=html|text|off`` overrides.
 
 Updates are throttled. They may come from any thread, but only the thread that created the progress (the
 caller's, the one whose cell is running) draws: a worker's update is drawn at the owner's next

@@ -154,15 +154,16 @@ class Server:
     ) -> bench.BenchRuns:
         """Benchmark at each concurrency level with the built-in streaming client; return the runs.
 
-        ``prompts`` per run defaults to max(2, 2 x concurrency), so every run has a steady middle. Stop
-        cuts the in-flight requests and keeps the finished and partial runs (in ``runs`` as well).
+        ``prompts`` per run defaults to one wave, max(2, concurrency): every request starts together and
+        the run measures steady decoding at that batch size (what an A/B compares). Stop cuts the in-flight
+        requests and keeps the finished and partial runs (in ``runs`` as well).
         """
         self._require_ready("bench")
 
         def workload_for(level: int) -> bench.Workload:
             if workload is not None:
                 return workload
-            n = prompts if prompts is not None else max(2, 2 * level)
+            n = prompts if prompts is not None else max(2, level)
             return bench.random_workload(n, input_len, output_len, seed=seed)
 
         store = str(self.local_dir / "bench")
@@ -223,6 +224,40 @@ class Server:
         """GPU memory samples taken while this server ran: ``time`` (the host's clock, tz-aware), ``t`` (s),
         ``gpu``, ``used_mib``, ``total_mib``, ``util_pct``. Also in ``local_dir / "gpu_memory.csv"``."""
         return self.lab._gpu_frame(self)
+
+    def memory_timeline(self, *, title: str | None = None) -> Any:
+        """The GPU memory chart of this server's startup (and life): phases and the OOM from its log, the
+        static line from the preflight (:func:`dsv4lab.plots.memory_timeline`)."""
+        from dsv4lab import plots
+        from dsv4lab.memory import preflight
+
+        p = preflight(self.config, self.lab.hardware, sglang_version=self.handle.sglang_version)
+        return plots.memory_timeline(
+            self.gpu_memory(), log=str(self.fetch()), preflight=p, config=self.name, title=title
+        )
+
+    def fp8_kernels(self) -> pd.DataFrame:
+        """Which FP8 GEMM kernel configs the server loaded: per config file, tuned or not and how many lookups
+        (ranks x GEMM shapes) found it.
+
+        The story's first check: a tuned JSON that SGLang did not find costs about 6 % and says so only in
+        one log line."""
+        from dsv4lab.logs import KernelConfig, parse_log
+
+        found: dict[tuple[str, bool, str], int] = {}
+        for e in parse_log(str(self.fetch())):
+            if isinstance(e, KernelConfig):
+                key = (e.kernel, e.tuned, (e.path or "").rsplit("/", 1)[-1])
+                found[key] = found.get(key, 0) + 1
+        rows = [{"kernel": k, "tuned": t, "config file": f, "lookups": n} for (k, t, f), n in found.items()]
+        frame: pd.DataFrame = pd.DataFrame(rows, columns=["kernel", "tuned", "config file", "lookups"])
+        return frame
+
+    def observed_budget(self) -> Any:
+        """The per-GPU memory split as this server's log tells it (:func:`dsv4lab.budget.observed_budget`)."""
+        from dsv4lab.budget import observed_budget
+
+        return observed_budget(str(self.fetch()), hardware=self.lab.hardware)
 
     def log(self, lines: int = 40) -> LogTail:
         """The last lines of ``server.log``."""
@@ -304,7 +339,7 @@ class Server:
             state = VERDICT_STATE[self.readiness.verdict]
         facts: list[tuple[str, object]] = [
             ("host", f"{self.handle.host.name} ({self.handle.target}, SGLang {self.handle.sglang_version} flags)"),
-            ("port", self.port),
+            ("port", str(self.port)),
             ("run dir", self.run_dir),
         ]
         if self.runs:

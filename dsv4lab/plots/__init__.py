@@ -26,7 +26,7 @@ from dsv4lab.plots.bench import (
     throughput_vs_concurrency,
 )
 from dsv4lab.plots.memory import downsample_timeline, memory_budget, memory_timeline
-from dsv4lab.plots.render import enable_offline_renderer, save_png, svg_figure, to_spec, to_svg
+from dsv4lab.plots.render import enable_offline_renderer, mimebundle, save_png, svg_figure, to_spec, to_svg
 from dsv4lab.plots.server import decode_stats, kernel_breakdown
 from dsv4lab.plots.theme import register_theme
 
@@ -42,6 +42,7 @@ __all__ = [
     "latency_distributions",
     "memory_budget",
     "memory_timeline",
+    "mimebundle",
     "request_timeline",
     "roofline_gap",
     "save_png",

@@ -18,7 +18,7 @@ import vl_convert as vlc
 from dsv4lab.errors import PlotError
 from dsv4lab.plots.theme import THEME, register_theme, theme_enabled
 
-__all__ = ["enable_offline_renderer", "save_png", "svg_figure", "to_spec", "to_svg"]
+__all__ = ["enable_offline_renderer", "mimebundle", "save_png", "svg_figure", "to_spec", "to_svg"]
 
 RENDERER = "dsv4lab"
 
@@ -72,6 +72,11 @@ def svg_figure(chart: alt.TopLevelMixin | dict[str, Any], *, caption: str | None
     body = svg[start:] if start >= 0 else svg
     cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
     return f'<figure class="dsv4lab-chart">{body}{cap}</figure>'
+
+
+def mimebundle(chart: alt.TopLevelMixin | dict[str, Any]) -> dict[str, Any]:
+    """What the offline renderer displays for ``chart``: Vega-Lite JSON, SVG and a text line."""
+    return _bundle(_spec(chart))
 
 
 def _bundle(spec: dict[str, Any], **_: Any) -> dict[str, Any]:
