@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 SGLANG_PARSERS ?= .cache/sglang-parsers
 
-.PHONY: demo test install lint typecheck pytest sshd sglang-parsers clean
+.PHONY: demo test install lint typecheck pytest sshd chromium sglang-parsers clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dsv4lab needs Python 3.10 or newer; found " + sys.version.split()[0])'
@@ -31,6 +31,16 @@ sshd:
 	    || echo "warning: could not install openssh-server; SSH tests will skip (or fail with CI=true)"; \
 	else echo "note: sshd not found and not root: SSH tests will skip (or fail with CI=true)"; fi
 
+# Debian's chromium for the real-browser tests (Playwright drives it; it cannot download a browser here):
+# installed when missing and we are root, like sshd.
+chromium:
+	@if [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium for the real-browser tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || echo "warning: could not install chromium; browser tests will skip (or fail with CI=true)"; \
+	else echo "note: chromium not found and not root: browser tests will skip (or fail with CI=true)"; fi
+
 # Real SGLang launch_server parsers (one small CPU venv per release) for the rendered-argv tests.
 sglang-parsers:
 	@bash tools/sglang_parser_venvs.sh $(SGLANG_PARSERS) \
@@ -43,7 +53,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-pytest: install sshd sglang-parsers
+pytest: install sshd chromium sglang-parsers
 	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) $(PY) -m pytest -q
 
 test: pytest lint typecheck

@@ -27,6 +27,7 @@ from dsv4lab.versions import resolve_release
 from dsv4lab.widgets import ConfigPanel, FieldControl, build_controls, field_specs
 from dsv4lab.widgets import experiment as ex
 from dsv4lab.widgets.actions import Jobs, ResultsPane
+from dsv4lab.widgets.controls import UNSET
 from dsv4lab.widgets.logpane import LogPane
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ def test_dropdowns_offer_what_the_release_accepts() -> None:
     old = build_controls(resolve_release("0.4.10"))
 
     def options(c: FieldControl) -> list[Any]:
-        return [v for _, v in c.input.options if v is not None]
+        return [v for _, v in c.input.options if v != UNSET]
 
     assert options(new["kv_cache_dtype"]) == list(resolve_release("0.5.23").kv_cache_dtypes)
     assert options(old["kv_cache_dtype"]) == ["auto", "fp8_e5m2", "fp8_e4m3"]
@@ -182,7 +183,7 @@ def test_the_preset_picker_loads_its_values() -> None:
     p = panel(preset="config_b_fixed")
     p.preset_picker.value = "config_a"
     assert p.config == config_b_fixed().replace(speculative=None, mem_fraction_static=0.70, cuda_graph_max_bs=None)
-    assert p.controls["speculative.algorithm"].input.value is None
+    assert p.controls["speculative.algorithm"].value() is None
     assert not p.changes
 
 

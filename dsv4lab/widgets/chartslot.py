@@ -77,7 +77,9 @@ class ChartSlot:
             try:
                 svg = to_svg(build())
                 body = svg[svg.find("<svg") :] if "<svg" in svg else svg
-                value = f"<div style='max-width:100%;overflow-x:auto'>{body}</div>"
+                # Shrink to the column (the SVG has a viewBox, so it scales without cropping).
+                body = body.replace("<svg ", "<svg style='max-width:100%;height:auto' ", 1)
+                value = f"<div style='max-width:100%'>{body}</div>"
                 self.last_error = None
             except Exception as exc:  # a chart that cannot be drawn says why, in its place
                 self.last_error = str(exc)

@@ -35,6 +35,7 @@ __all__ = [
     "CHOICES_BY_RELEASE",
     "RANGES",
     "UNITS",
+    "UNSET",
     "FieldControl",
     "FieldSpec",
     "Range",
@@ -141,8 +142,11 @@ def _choices_for(spec: FieldSpec, release: SGLangRelease) -> tuple[str, ...] | N
     return tuple(getattr(release, attr))
 
 
-_LABEL_W = "15em"
-_INPUT_W = "17em"
+_LABEL_W = "12.5em"
+_INPUT_W = "14em"
+
+#: The dropdown entry for "unset" (ipywidgets reads a None value as "nothing selected").
+UNSET = "(unset)"
 
 
 class FieldControl:
@@ -201,7 +205,7 @@ class FieldControl:
             f"{html.escape(spec.name.split('.')[-1])}</span>",
             layout=widgets.Layout(width=_LABEL_W),
         )
-        self.note = widgets.HTML(self._note_html(""), layout=widgets.Layout(width="auto"))
+        self.note = widgets.HTML(self._note_html(""), layout=widgets.Layout(flex="1 1 auto", width="auto"))
         self.help = widgets.HTML(
             f"<div style='color:#57606a;font-size:0.8em;line-height:1.2;margin:-0.2em 0 0.1em {_LABEL_W}'>"
             f"{html.escape(spec.help)}</div>"
@@ -220,7 +224,7 @@ class FieldControl:
     def _options(self, choices: Sequence[str]) -> list[tuple[str, Any]]:
         opts: list[tuple[str, Any]] = [(c, c) for c in choices]
         if self.spec.optional:
-            opts.insert(0, ("(unset)", None))
+            opts.insert(0, (UNSET, UNSET))
         return opts
 
     def value(self) -> Any:
@@ -247,6 +251,8 @@ class FieldControl:
                     raise ConfigError(self.name, line.strip(), "NAME=value lines, one variable per line")
                 env[key.strip()] = val
             return env
+        if self.kind == "dropdown" and self.input.value == UNSET:
+            return None
         return self.input.value
 
     def set_value(self, value: Any) -> None:
@@ -267,7 +273,7 @@ class FieldControl:
             if value is not None and value not in (self.choices or ()):
                 # Keep a value the preset has but the release lacks visible: check() then names it.
                 self.input.options = [*self._options(self.choices or ()), (f"{value} (not in this release)", value)]
-            self.input.value = value
+            self.input.value = UNSET if value is None and self.spec.optional else value
         elif self.kind == "env":
             items = dict(value or {})
             self.input.value = "\n".join(f"{k}={v}" for k, v in items.items())
@@ -286,14 +292,15 @@ class FieldControl:
         self.release = release
         if self.kind != "dropdown" or self.spec.name not in CHOICES_BY_RELEASE:
             return
-        current = self.input.value
+        current = self.value()
         self.choices = _choices_for(self.spec, release)
         self.input.options = self._options(self.choices or ())
         self.set_value(current)
 
     def check(self) -> str | None:
         """What the chosen release would refuse, before the config's own validation runs."""
-        if self.kind == "dropdown" and self.input.value is not None and self.input.value not in (self.choices or ()):
+        value = self.value() if self.kind == "dropdown" else None
+        if value is not None and value not in (self.choices or ()):
             allowed = ", ".join(self.choices or ())
             return f"a value SGLang {self.release.version} accepts: one of {allowed}"
         return None
@@ -311,6 +318,13 @@ class FieldControl:
         if self.error.value != text:
             self.error.value = text
         self.input.layout.border = "1px solid #cf222e" if message else ""
+
+    def show_default(self, value: Any) -> None:
+        """While unset, park the (disabled) slider at what SGLang would pick: ticking "set" starts there."""
+        if self.kind == "slider" and self.value() is None and value is not None and value != self.input.value:
+            if value > self.input.max:
+                self.input.max = value
+            self.input.value = value
 
     def show_note(self, note: str) -> None:
         """Beside the input: the unit, and what SGLang would pick when the field is unset."""

@@ -137,7 +137,10 @@ class ConfigPanel:
         self._preflight: Preflight | None = None
         self._suggestions: list[Suggestion] = []
         self._changes: ConfigDiff = ConfigDiff(())
-        self._applying = False
+        # Set while the panel itself moves controls (a preset, a suggestion, a parked default), per thread:
+        # widget observers run in the thread that set the value, so a user's change on the kernel thread
+        # is never mistaken for the panel's own while a debounced preflight runs in the timer thread.
+        self._quiet = threading.local()
         self._timer: threading.Timer | None = None
         self._timer_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
@@ -272,12 +275,12 @@ class ConfigPanel:
         unknown = [n for n in names if n not in self.controls]
         if unknown:
             raise ConfigError(unknown[0], names[unknown[0]], f"one of {', '.join(self.controls)}")
-        self._applying = True
+        self._quiet.on = True
         try:
             for name, value in names.items():
                 self.controls[name].set_value(value)
         finally:
-            self._applying = False
+            self._quiet.on = False
         self._changed()
 
     def apply(self, changes: Mapping[str, Any]) -> None:
@@ -285,7 +288,7 @@ class ConfigPanel:
         self.set(**{k.replace(".", "__"): v for k, v in changes.items()})
 
     def _changed(self) -> None:
-        if self._applying:
+        if getattr(self._quiet, "on", False):
             return
         if self.debounce_s <= 0:
             self.refresh()
@@ -312,16 +315,16 @@ class ConfigPanel:
 
     def _on_version(self, change: Mapping[str, Any]) -> None:
         release = resolve_release(str(change["new"]), warn=False)
-        self._applying = True
+        self._quiet.on = True
         try:
             for c in self.controls.values():
                 c.set_release(release)
         finally:
-            self._applying = False
+            self._quiet.on = False
         self._changed()
 
     def _load(self, config: ServerConfig) -> None:
-        self._applying = True
+        self._quiet.on = True
         try:
             for name, c in self.controls.items():
                 value: Any = config
@@ -329,7 +332,7 @@ class ConfigPanel:
                     value = getattr(value, part, None) if value is not None else None
                 c.set_value(value)
         finally:
-            self._applying = False
+            self._quiet.on = False
 
     # -- the preflight ------------------------------------------------------------------------------------
 
@@ -420,10 +423,16 @@ class ConfigPanel:
         self.results.add(hv.card("config", hv.p(str(exc)), state="fail"), str(exc))
 
     def _show_resolved(self, p: Preflight) -> None:
-        for name, c in self.controls.items():
-            pick = _RESOLVED.get(name)
-            unset = pick is not None and c.kind == "slider" and c.value() is None
-            c.show_note(f"unset: SGLang picks {pick(p.settings)}" if unset and pick is not None else "")
+        self._quiet.on = True  # parking a slider is not a change of the config
+        try:
+            for name, c in self.controls.items():
+                pick = _RESOLVED.get(name)
+                unset = pick is not None and c.kind == "slider" and c.value() is None
+                c.show_note(f"unset: SGLang picks {pick(p.settings)}" if unset and pick is not None else "")
+                if unset:
+                    c.show_default(getattr(p.settings, name, None))
+        finally:
+            self._quiet.on = False
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """Block until the pending preflight, the running action and the charts are done (tests, scripts)."""
@@ -480,12 +489,9 @@ class ConfigPanel:
             "<div style='font-size:1.2em;font-weight:700;font-family:system-ui,sans-serif;margin-bottom:0.2em'>"
             "dsv4lab — tweak a server config</div>"
         )
-        monitor = widgets.HBox(
-            [
-                widgets.VBox([self.log.widget], layout=widgets.Layout(width="55%", padding="0 0.8em 0 0")),
-                widgets.VBox([self.gpu_chart.widget], layout=widgets.Layout(width="45%")),
-            ]
-        )
+        # The log and the GPU chart full width, one above the other: the timeline is wide, and its phase
+        # labels would be unreadable squeezed into half the row.
+        monitor = widgets.VBox([self.log.widget, self.gpu_chart.widget], layout=widgets.Layout(width="100%"))
         return widgets.VBox(
             [
                 title,

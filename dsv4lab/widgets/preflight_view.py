@@ -98,7 +98,7 @@ class PreflightView:
             f"KV pool {p.kv_tokens:,} tokens",
         ]
         self.details.value = (
-            f"<div style='color:{_GREY};font-size:0.85em;margin:0.2em 0'>"
+            f"<div style='color:{_GREY};font-size:0.85em;margin:0.3em 0;line-height:1.4'>"
             + " · ".join(html.escape(f) for f in facts)
             + f"<br>{html.escape(p.hardware)}, {html.escape(p.model)}, SGLang {html.escape(p.sglang_version)}</div>"
         )
@@ -121,16 +121,18 @@ class PreflightView:
         for s in suggestions:
             text = ", ".join(f"{k} = {_fmt(v)}" for k, v in s.changes.items())
             button = widgets.Button(description=text, tooltip=s.why, button_style="success")
-            button.layout = widgets.Layout(width="auto")
+            button.layout = widgets.Layout(width="auto", flex="0 0 auto")
             button.add_class("dsv4lab-suggestion")
             button.on_click(lambda _b, changes=dict(s.changes): self._on_apply(changes))
             self.suggestion_buttons.append(button)
             note = widgets.HTML(
-                f"<span style='font-size:0.85em;color:{_GREY}'><code>{html.escape(s.as_flags(version))}</code>"
+                f"<span style='font-size:0.85em;color:{_GREY};line-height:1.3'>"
+                f"<code>{html.escape(s.as_flags(version))}</code>"
                 f" — {s.preflight.min_headroom_gib:.1f} GiB to spare</span>"
             )
             why = widgets.HTML(
-                f"<div style='font-size:0.8em;color:{_GREY};margin:0 0 0.3em 0.5em'>{html.escape(s.why)}</div>"
+                f"<div style='font-size:0.8em;color:{_GREY};margin:0 0 0.3em 0.5em;line-height:1.3'>"
+                f"{html.escape(s.why)}</div>"
             )
             rows.append(widgets.VBox([widgets.HBox([button, note], layout=widgets.Layout(align_items="center")), why]))
         self.suggestions_box.children = tuple(rows)
@@ -149,7 +151,7 @@ class PreflightView:
             for c in changes
         )
         self.flags.value = (
-            f"<div style='font-size:0.85em'><b>Changes against {html.escape(preset)}:</b>"
+            f"<div style='font-size:0.85em;line-height:1.4'><b>Changes against {html.escape(preset)}:</b>"
             f"<ul style='margin:0.1em 0 0.3em 1.2em;padding:0'>{items}</ul></div>"
         )
 

@@ -1,0 +1,160 @@
+"""The panel in a real browser: JupyterLab on loopback, Debian's chromium through Playwright, the real twin.
+
+Opens ``lab.ipynb`` from a throwaway copy, runs all cells, and does what a person would: starts from
+Config B-fixed (green), clears its CUDA-graph cap (red, about 10 GiB short), clicks the suggested fix
+(green), launches (READY), benchmarks (a table). Screenshots of each step are kept under the test's tmp
+dir and, outside CI, copied to ``/tmp/panel-shots/`` to be looked at.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser import copy_notebooks, launch_chromium, open_offline, require_browser, start_jupyterlab
+from tests.conftest import IN_CI
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = Path("/tmp/panel-shots")
+
+#: The current notebook is loaded, its kernel is up and idle.
+_KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!(w && w.context && w.context.isReady && k && k.status === 'idle');
+}"""
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    require_browser()
+    root = copy_notebooks(ROOT / "notebooks", tmp_path_factory.mktemp("lab") / "root")
+    with start_jupyterlab(root) as lab:
+        yield lab
+
+
+class Shots:
+    """Full-page screenshots, numbered, kept with the test and (locally) in /tmp/panel-shots."""
+
+    def __init__(self, page: Any, folder: Path) -> None:
+        self.page, self.folder, self.n = page, folder, 0
+        folder.mkdir(parents=True, exist_ok=True)
+        if not IN_CI:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+
+    def take(self, name: str, locator: Any = None) -> Path:
+        self.n += 1
+        path = self.folder / f"{self.n:02d}-{name}.png"
+        if locator is not None:
+            locator.screenshot(path=str(path))
+        else:
+            self.page.screenshot(path=str(path), full_page=True)
+        if not IN_CI:
+            shutil.copy2(path, SHOTS / path.name)
+        return path
+
+
+def chart_says(page: Any, text: str, timeout_s: float = 60.0) -> None:
+    """Wait until the budget chart (drawn in the background) has a text containing ``text``."""
+    page.wait_for_function(
+        "(t) => [...document.querySelectorAll('.dsv4lab-budget-chart svg text')].some(e => e.textContent.includes(t))",
+        arg=text,
+        timeout=timeout_s * 1000,
+    )
+
+
+def _panel(page: Any) -> Any:
+    return page.locator(".dsv4lab-panel").first
+
+
+def test_tweak_see_the_shortfall_fix_launch_and_bench(jupyterlab: Any, tmp_path: Path) -> None:
+    with launch_chromium() as browser:
+        # Tall enough for the whole panel, so that each screenshot shows it as a person scrolls through it.
+        page = browser.new_page(viewport={"width": 1440, "height": 3000})
+        shots = Shots(page, tmp_path / "shots")
+        page.goto(jupyterlab.url("lab/tree/lab.ipynb"))
+        page.wait_for_function(_KERNEL_IDLE, timeout=90_000)
+        page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")  # the file browser
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+        panel = _panel(page)
+        verdict = panel.locator(".dsv4lab-verdict")
+        verdict.locator("[data-state='ok']").wait_for(timeout=90_000)
+        assert "fits" in verdict.inner_text()
+        chart_says(page, "every config fits")
+        panel.scroll_into_view_if_needed()
+        shots.take("b-fixed-green", panel)
+
+        # Clear the graph cap: untick "set" beside cuda_graph_max_bs.
+        panel.locator(".dsv4lab-field-cuda_graph_max_bs .dsv4lab-set input[type=checkbox]").uncheck()
+        verdict.locator("[data-state='fail']").wait_for(timeout=30_000)
+        text = verdict.inner_text()
+        m = re.search(r"OOM in cuda_graph_capture on GPU 1, short by ([\d.]+) GiB", text)
+        assert m, text
+        assert 8.0 < float(m.group(1)) < 13.0  # about 10 GiB by today's model
+        fixes = panel.locator(".dsv4lab-suggestion")
+        fixes.first.wait_for(timeout=30_000)
+        assert "cuda_graph_max_bs = 16" in fixes.first.inner_text()
+        chart_says(page, "GiB short in CUDA graph capture")
+        shots.take("cleared-cap-red", panel)
+
+        fixes.first.click()
+        verdict.locator("[data-state='ok']").wait_for(timeout=30_000)
+        assert "16" in panel.locator(".dsv4lab-field-cuda_graph_max_bs .widget-readout").inner_text()
+        chart_says(page, "every config fits")
+        shots.take("fix-applied-green", panel)
+
+        # Bench at levels that keep the test short.
+        box = panel.locator(".dsv4lab-concurrency input")
+        box.fill("1 4")
+        box.press("Enter")
+
+        panel.locator(".dsv4lab-launch").click()
+        badge = panel.locator(".dsv4lab-badge")
+        badge.locator("[data-state='starting']").wait_for(timeout=30_000)
+        panel.locator(".dsv4lab-log .dsv4lab-log-weights").first.wait_for(timeout=60_000)
+        shots.take("starting", panel)
+        badge.locator("[data-state='READY']").wait_for(timeout=180_000)
+        panel.locator(".dsv4lab-gpu-chart svg").wait_for(timeout=60_000)
+        shots.take("ready", panel)
+
+        bench = panel.locator(".dsv4lab-bench")
+        page.wait_for_function(
+            "() => { const b = document.querySelector('.dsv4lab-panel .dsv4lab-bench'); return b && !b.disabled; }",
+            timeout=30_000,
+        )
+        bench.click()
+        results = panel.locator(".dsv4lab-results")
+        results.get_by_text("benchmark runs").first.wait_for(timeout=180_000)
+        table = results.locator("table").last
+        assert "output tok/s" in results.inner_text()
+        assert table.locator("tr").count() >= 3  # header + C=1 + C=4
+        results.locator("svg").last.wait_for(timeout=60_000)
+        shots.take("bench", panel)
+
+        panel.locator(".dsv4lab-stop").click()
+        badge.locator("[data-state='stopped']").wait_for(timeout=60_000)
+        shots.take("stopped")
+
+
+def test_open_offline_lists_what_a_page_tries_to_fetch(tmp_path: Path) -> None:
+    """The report checker the lead reuses: the page loads from disk, every outside request is listed."""
+    require_browser()
+    page = tmp_path / "page.html"
+    page.write_text(
+        "<html><head><title>report</title><script src='https://cdn.example.org/require.js'></script></head>"
+        "<body><h1>Config B-fixed</h1><img src='data:image/gif;base64,R0lGODlhAQABAAAAACw='></body></html>",
+        encoding="utf-8",
+    )
+    check = open_offline(page, screenshot=tmp_path / "page.png")
+    assert check.title == "report" and "Config B-fixed" in check.text
+    assert check.external_requests == ["https://cdn.example.org/require.js"]
+    assert check.console_errors  # the blocked script is reported
+    assert check.screenshot is not None and check.screenshot.stat().st_size > 1000
