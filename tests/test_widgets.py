@@ -22,6 +22,7 @@ import pytest
 
 from dsv4lab import Lab
 from dsv4lab.config import ServerConfig, diff, field_help, field_names, load
+from dsv4lab.experiment import parse_overrides
 from dsv4lab.presets import config_b_fixed
 from dsv4lab.versions import resolve_release
 from dsv4lab.widgets import ConfigPanel, FieldControl, build_controls, field_specs
@@ -307,7 +308,10 @@ def test_experiment_parameters_are_the_preset_plus_the_diff() -> None:
     changes = diff(config_b_fixed(), tweaked)
     text = ex.overrides_text(changes)
     assert text == "mem_fraction_static=0.55 cuda_graph_max_bs=none env.NCCL_PROTO=none env.NCCL_ALGO=none 'env.A=x y'"
-    assert config_b_fixed().with_overrides(dict(w.split("=", 1) for w in __import__("shlex").split(text))) == tweaked
+    assert config_b_fixed().with_overrides(parse_overrides(text)) == tweaked  # what the experiment runner reads
+    graphs = diff(config_b_fixed(), config_b_fixed().replace(cuda_graph_bs=(1, 2, 4, 8)))
+    assert ex.overrides_text(graphs) == "'cuda_graph_bs=1 2 4 8'"
+    assert config_b_fixed().with_overrides(parse_overrides(ex.overrides_text(graphs))).cuda_graph_bs == (1, 2, 4, 8)
     params = ex.experiment_parameters(
         preset="config_b_fixed",
         changes=changes,

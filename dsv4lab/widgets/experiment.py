@@ -42,12 +42,13 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
+        return " ".join(str(v) for v in value)  # the runner reads commas as separators between pairs
     return str(value)
 
 
 def overrides_text(changes: ConfigDiff) -> str:
-    """The diff as ``field=value`` words (each shell-quoted when it needs it), in field order."""
+    """The diff as ``field=value`` words (each shell-quoted when it needs it, a list as ``'f=1 2 4'``), in
+    field order: what :func:`dsv4lab.experiment.parse_overrides` reads back."""
     return " ".join(shlex.quote(f"{c.field}={_text(c.after)}") for c in changes)
 
 

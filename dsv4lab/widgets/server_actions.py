@@ -35,8 +35,8 @@ def _default_notebooks_dir() -> Path:
     here = Path.cwd()
     if ex.experiment_notebooks(here):
         return here
-    repo = Path(__file__).resolve().parents[2] / "notebooks"
-    return repo if repo.is_dir() else here
+    shipped = Path(__file__).resolve().parents[1] / "notebooks"  # dsv4lab/notebooks: the repository's notebooks/
+    return shipped if shipped.is_dir() else here
 
 
 class ServerActions:
