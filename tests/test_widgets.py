@@ -8,6 +8,7 @@ debounce; long actions run in the panel's worker thread and the tests wait for t
 from __future__ import annotations
 
 import dataclasses
+import json
 import html
 import re
 import sys
@@ -451,3 +452,25 @@ def test_lab_notebook_runs_headless_and_skips_the_panel(tmp_path: Path) -> None:
     assert "application/vnd.jupyter.widget" not in text  # the panel did not
     skipped = [c for c in executed.cells if "skip-execution" in c.metadata.get("tags", [])]
     assert skipped and all(not c.outputs for c in skipped)
+
+
+@pytest.mark.slow
+def test_open_as_experiment_with_the_real_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The panel's tweak becomes a headless run of the step notebook, with a report that shows the tweak."""
+    monkeypatch.chdir(tmp_path)
+    lab = Lab(time_scale=0.02, run_root=tmp_path / "runs", progress=False)
+    try:
+        p = panel(lab=lab, preset="config_b_fixed", concurrency=[1], reports_root=tmp_path / "reports")
+        assert Path(p.actions.notebook_picker.value).name == "04_config_b_fixed.ipynb"
+        p.set(mem_fraction_static=0.58)
+        p.buttons["experiment"].click()
+        assert p.wait_idle(600)
+        card = p.results.htmls[-1]
+        assert "experiment 04_config_b_fixed" in card and ">ok<" in card, p.results.texts[-1]
+        (params_file,) = (tmp_path / "reports").glob("*/params.json")
+        params = json.loads(params_file.read_text())
+        assert params["preset"] == "config_b_fixed" and params["overrides"] == "mem_fraction_static=0.58"
+        assert params["concurrency"] == [1] and params["time_scale"] == 0.02
+        assert "mem_fraction_static 0.58" in (params_file.parent / "report.html").read_text()
+    finally:
+        lab.close()
