@@ -8,8 +8,8 @@ debounce; long actions run in the panel's worker thread and the tests wait for t
 from __future__ import annotations
 
 import dataclasses
-import json
 import html
+import json
 import re
 import sys
 import types
