@@ -184,6 +184,7 @@ def test_unsetting_the_algorithm_turns_the_speculative_block_off() -> None:
 def test_the_preset_picker_loads_its_values() -> None:
     p = panel(preset="config_b_fixed")
     p.preset_picker.value = "config_a"
+    assert Path(p.actions.notebook_picker.value).name == "01_config_a_baseline.ipynb"
     assert p.config == config_b_fixed().replace(speculative=None, mem_fraction_static=0.70, cuda_graph_max_bs=None)
     assert p.controls["speculative.algorithm"].value() is None
     assert not p.changes

@@ -284,14 +284,17 @@ class ConfigPanel:
         self._changed()
 
     def apply(self, changes: Mapping[str, Any]) -> None:
-        """Apply a suggestion's changes (the suggestion buttons call this)."""
-        self.set(**{k.replace(".", "__"): v for k, v in changes.items()})
+        """Apply a suggestion's changes (the suggestion buttons call this; a failure becomes a card)."""
+        try:
+            self.set(**{k.replace(".", "__"): v for k, v in changes.items()})
+        except Exception as exc:  # a click handler's exception would vanish in JupyterLab
+            self.results.error("apply suggestion", exc)
 
     def _changed(self) -> None:
         if getattr(self._quiet, "on", False):
             return
         if self.debounce_s <= 0:
-            self.refresh()
+            self._timer_fired()
             return
         with self._timer_lock:
             if self._timer is not None:
@@ -311,6 +314,7 @@ class ConfigPanel:
         self.preset_name = str(change["new"])
         self.preset_config = load_preset(self.preset_name)
         self._load(self.preset_config)
+        self.actions.select_notebook(self.preset_name)
         self._changed()
 
     def _on_version(self, change: Mapping[str, Any]) -> None:

@@ -123,6 +123,13 @@ class ServerActions:
 
     # -- plumbing ----------------------------------------------------------------------------------------
 
+    def select_notebook(self, preset: str) -> None:
+        """Point "Open as experiment" at the step notebook named after ``preset`` (when there is one)."""
+        notebooks = [Path(str(v)) for _, v in self.notebook_picker.options if v]
+        match = ex.matching_notebook(preset, notebooks)
+        if match is not None:
+            self.notebook_picker.value = str(match)
+
     def _guard(self, handler: Any) -> None:
         """A click handler's exception goes to the results pane: in JupyterLab it would vanish."""
         try:
