@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(PY) -m dsv4lab demo --out reports
+	$(PY) -m dsv4lab demo --reports reports
 
 # OpenSSH server for the SSH tests: installed when missing and we are root (CI runs as root).
 sshd:

@@ -279,22 +279,107 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from dsv4lab.demo import run_demo
-    from dsv4lab.story import StorySettings
+def _params(items: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """``-p NAME VALUE`` pairs; values read as JSON when they parse, ``1,16`` as a list, else text."""
+    from dsv4lab.nbrun import parse_cli_value
 
-    settings = StorySettings(time_scale=args.time_scale, repeats=args.repeats)
-    out = run_demo(Path(args.out), settings, campaign=not args.scripts_only)
-    if not args.scripts_only:
-        print(f"report: {(out / 'report.html').resolve()} (narrative: {(out / 'README.md').resolve()})")
-    print(f"dsv4lab demo wrote: {out.resolve()}")
+    return {name: parse_cli_value(value) for name, value in items}
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from dsv4lab.errors import NotebookError
+    from dsv4lab.nbrun import notebook_parameters, run_notebook
+
+    if args.params:
+        for p in notebook_parameters(args.notebook).values():
+            print(f"{p.name}: {p.type_name} = {p.default}  # {p.help}")
+        return 0
+    try:
+        run = run_notebook(
+            args.notebook,
+            _params(args.p),
+            reports_root=args.reports,
+            execution_timeout_s=args.timeout,
+            log_output=args.log_output,
+        )
+    except NotebookError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        if exc.run is not None:
+            print(exc.run.report)
+        return exc.exit_code
+    print(run.report)
     return 0
+
+
+def _cmd_campaign(args: argparse.Namespace) -> int:
+    from dsv4lab.campaign import load_campaign, run_campaign
+    from dsv4lab.errors import NotebookError
+
+    campaign = load_campaign(args.file).with_parameters(_params(args.p))
+
+    def announce(step: Any) -> None:
+        print(f"[{step.id}] {Path(step.notebook).stem}", file=sys.stderr, flush=True)
+
+    try:
+        result = run_campaign(
+            campaign, reports_root=args.reports, force=args.force, log_output=args.log_output, on_step=announce
+        )
+    except NotebookError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        if exc.run is not None:
+            print(exc.run.index)
+        return exc.exit_code
+    for step in result.steps:
+        reused = " (reused)" if step.reused else ""
+        print(f"{step.id:<10} {step.status}{reused:<9} {step.report}", file=sys.stderr)
+    print(result.index)
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from dsv4lab.nbrun import notebook_parameters, parse_cli_value
+    from dsv4lab.sweeps import run_sweep
+
+    declared = notebook_parameters(args.notebook)
+    grid: dict[str, list[Any]] = {}
+    fixed: dict[str, Any] = {}
+    for name, value in args.p:
+        parsed = parse_cli_value(value)
+        list_param = name in declared and declared[name].type_name == "list"  # a list is its value, not a grid
+        if isinstance(parsed, list) and not list_param:
+            grid[name] = parsed
+        else:
+            fixed[name] = parsed
+    if not grid:
+        raise ConfigError(
+            "-p", "", "at least one swept parameter with several values, e.g. -p mem_fraction_static 0.55,0.6"
+        )
+    result = run_sweep(
+        args.notebook, grid, parameters=fixed, reports_root=args.reports, run_predicted_oom=args.run_predicted_oom
+    )
+    for point in result.points:
+        print(f"{point.parameters}  {point.predicted:<32} {point.status}", file=sys.stderr)
+    print(result.index)
+    return 0 if all(p.status in ("ok", "skipped") for p in result.points) else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    args.file, args.force = None, False
+    args.p = [*args.p, ["time_scale", str(args.time_scale)]]
+    return _cmd_campaign(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsv4lab.bench.cli import bench_main
 
     return bench_main(args.bench_args)
+
+
+def _add_notebook_options(p: argparse.ArgumentParser, *, help_p: str = "a notebook parameter (repeatable)") -> None:
+    p.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help=help_p)
+    p.add_argument("--reports", default="reports", help="folder the run dirs go under (default: reports)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one notebook cell may run")
+    p.add_argument("--log-output", action="store_true", help="echo each cell's output while it runs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,11 +478,31 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--root", default="~/dsv4lab-runs", help="folder holding run directories")
     ps.set_defaults(func=_cmd_ps)
 
-    demo = verbs.add_parser("demo", help="run the story as far as the project can take it")
-    demo.add_argument("--out", default="reports", help="directory to write the demo's output under")
+    run = verbs.add_parser("run", help="run one experiment notebook headlessly into reports/, with its HTML report")
+    run.add_argument("notebook", help="a shipped notebook (01_config_a_baseline ... or just 01) or a .ipynb path")
+    _add_notebook_options(run)
+    run.add_argument("--params", action="store_true", help="list the notebook's parameters and exit")
+    run.set_defaults(func=_cmd_run)
+
+    camp = verbs.add_parser("campaign", help="run the campaign's notebooks in order; prints its index.html last")
+    camp.add_argument("file", nargs="?", default=None, help="campaign .toml (default: the story's, on the twin)")
+    _add_notebook_options(camp, help_p="change a campaign-wide parameter, e.g. -p host gpubox -p target sglang")
+    camp.add_argument("--force", action="store_true", help="rerun steps that already finished with these parameters")
+    camp.set_defaults(func=_cmd_campaign)
+
+    sw = verbs.add_parser("sweep", help="run a notebook over a grid of parameters; prints the sweep's index last")
+    sw.add_argument("notebook", help="a shipped notebook or a .ipynb path")
+    _add_notebook_options(sw, help_p="a parameter; comma-separated values are swept (config fields go to overrides)")
+    sw.add_argument("--run-predicted-oom", action="store_true", help="also run points the memory model says OOM")
+    sw.set_defaults(func=_cmd_sweep)
+
+    demo = verbs.add_parser("demo", help="the story's campaign on the twin (what make demo runs)")
+    demo.add_argument("--reports", default="reports", help="folder the campaign writes under")
     demo.add_argument("--time-scale", type=float, default=0.05, help="twin time scale (1 = real time)")
-    demo.add_argument("--repeats", type=int, default=3, help="A/B repeats per arm and concurrency (>= 3)")
-    demo.add_argument("--scripts-only", action="store_true", help="only render the real-host scripts")
+    demo.add_argument("--log-output", action="store_true", help="echo each cell's output while it runs")
+    demo.add_argument(
+        "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="a campaign parameter"
+    )
     demo.set_defaults(func=_cmd_demo)
     return parser
 

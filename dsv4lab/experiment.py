@@ -156,7 +156,8 @@ class Experiment:
         return path.resolve()
 
     def fix(self, d_run_dir: str = "", fix: str = "") -> dict[str, str]:
-        """The fix chosen in 03 (its ``results.json``), not retyped: or ``fix`` as field=value pairs."""
+        """The fix chosen in 03 (its ``results.json``), not retyped; or ``fix`` as field=value pairs; or none
+        (a sweep sets the knobs through ``overrides`` instead)."""
         if d_run_dir:
             figures = read_results(self.earlier("d_run_dir", d_run_dir)).get("figures", {})
             chosen = figures.get("chosen_fix_overrides")
@@ -165,9 +166,7 @@ class Experiment:
                     "parameter d_run_dir", d_run_dir, "the run dir of 03 (it records chosen_fix_overrides)"
                 )
             return parse_overrides(chosen)
-        if fix:
-            return parse_overrides(fix)
-        raise ConfigError("parameter d_run_dir / fix", "", "03's run dir, or the fix as field=value pairs")
+        return parse_overrides(fix)
 
     def record(self, **figures: Any) -> dict[str, Any]:
         """Merge figures into ``results.json`` (stable names; numbers, text, lists, dicts) and return it all."""

@@ -28,8 +28,12 @@ __all__ = [
     "FixCandidate",
     "ab_figure",
     "candidates_frame",
+    "cheap_levers",
     "chosen_fix",
+    "diagnosis_figures",
     "fix_candidates",
+    "fix_figures",
+    "gap_figures",
     "graph_table",
     "mtp_bounds",
     "overrides_text",
@@ -227,3 +231,55 @@ def mtp_bounds(
         )
     frame: pd.DataFrame = pd.DataFrame(rows)
     return frame
+
+
+def cheap_levers(config: ServerConfig) -> dict[str, tuple[str, ServerConfig]]:
+    """Config A's cheap levers, each as (a name, the config without it): the A/Bs that measure them.
+
+    FP8 autotuning is the tuned kernel-config folder; NCCL tuning the LL protocol and Ring algorithm in the
+    environment; CUDA graphs the decode graphs SGLang captures.
+    """
+    return {
+        "fp8_gain": ("untuned-fp8", config.replace(kernel_config_dir=None)),
+        "nccl_gain": ("nccl-defaults", config.with_values({"env.NCCL_PROTO": None, "env.NCCL_ALGO": None})),
+        "cuda_graph_gain": ("no-cuda-graphs", config.replace(disable_cuda_graph=True)),
+    }
+
+
+def diagnosis_figures(d: Diagnosis) -> dict[str, Any]:
+    """Where a server died, in the campaign's stable names (``oom_gpu``, ``short_by_gib``...)."""
+    return {
+        "outcome": d.outcome.value,
+        "phase": d.phase.value if d.phase is not None else None,
+        "oom_gpu": d.gpu,
+        "tried_gib": d.tried_to_allocate_gib,
+        "free_gib": d.free_gib,
+        "total_gib": d.total_gib,
+        "short_by_gib": d.figures.get("model_short_by_gib"),
+        "confidence": d.confidence,
+    }
+
+
+def fix_figures(choice: FixCandidate) -> dict[str, Any]:
+    """The chosen fix as flags, as the overrides the next notebooks apply, and what the model predicts."""
+    return {
+        "chosen_fix": choice.flags,
+        "chosen_fix_overrides": overrides_text(choice.overrides),
+        "chosen_fix_headroom_gib": choice.headroom_gib,
+        "chosen_fix_kv_tokens": choice.kv_tokens,
+    }
+
+
+def gap_figures(kernels: Any, measured_tok_s: float, roofline: Any, goal_tok_s: float) -> dict[str, Any]:
+    """The bottleneck and the distances: attention's share, measured vs the bandwidth bound vs the goal."""
+    top, top_share = kernels.top()
+    return {
+        "attention_share": kernels.share("attention"),
+        "top_kernel": top,
+        "top_kernel_share": top_share,
+        "measured_tok_s": measured_tok_s,
+        "roofline_tok_s": roofline.tok_s,
+        "goal_tok_s": goal_tok_s,
+        "gap_to_goal": goal_tok_s / measured_tok_s,
+        "gap_to_roofline": roofline.tok_s / measured_tok_s,
+    }

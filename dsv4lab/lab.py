@@ -240,7 +240,13 @@ class Lab:
         """
         twin_env: dict[str, str] | None = None
         if self.target == "twin":
-            twin_env = {"DSV4LAB_TWIN_HARDWARE": self.hardware.name, "DSV4LAB_TWIN_TIME_SCALE": str(self.time_scale)}
+            twin_env = {
+                "DSV4LAB_TWIN_HARDWARE": self.hardware.name,
+                "DSV4LAB_TWIN_TIME_SCALE": str(self.time_scale),
+                # Millisecond log timestamps (SGLang's own switch): a scaled startup lasts seconds, and the
+                # memory timeline's phase bands need finer than a second to line up with the samples.
+                "SGLANG_LOG_MS": "1",
+            }
             if fault:
                 twin_env["DSV4LAB_TWIN_FAULT"] = fault
             if self.seed is not None:

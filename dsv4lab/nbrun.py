@@ -209,13 +209,25 @@ def _convert(notebook: str, p: Parameter, value: Any) -> Any:
             value = [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(where, value, f"a list ({p.help})" if p.help else "a list")
-        return list(value)
+        items = list(value)
+        kinds = {type(x) for x in _literal(p.default) or []}
+        if kinds == {int} and any(isinstance(x, bool) or not isinstance(x, int) for x in items):
+            raise ConfigError(where, value, f"a list of integers ({p.help})" if p.help else "a list of integers")
+        return items
     if kind == "dict" and not isinstance(value, dict):
         raise ConfigError(where, value, "a mapping")
     return value
 
 
 # -- running ----------------------------------------------------------------------------------------------
+
+
+def _literal(text: str) -> Any:
+    """A default as written in the parameters cell, as a value (None when it is not a literal)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
 
 
 def new_run_dir(root: Path, name: str, *, now: _dt.datetime | None = None) -> Path:

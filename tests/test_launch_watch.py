@@ -370,7 +370,7 @@ def test_multi_node_crash_on_a_later_node_is_not_hidden(tmp_path: Path, handles:
 def test_relative_run_dir_is_made_absolute(
     tmp_path: Path, handles: list[ServerHandle], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # `dsv4lab demo --out reports` launches into a relative run dir; the script cds into it, so the
+    # A relative run dir (reports/run, from a relative --reports): the launch script cds into it, so the
     # paths it writes must not stay relative.
     monkeypatch.chdir(tmp_path)
     h = launch(
