@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dsv4lab.logs.classify import LineKind, classify_line
 from dsv4lab.logs.detect import detect_engine, engine_votes
-from dsv4lab.logs.diagnose import Diagnosis, Outcome, diagnose, diagnose_events
+from dsv4lab.logs.runs import Diagnosis, Outcome, diagnose, diagnose_events
 from dsv4lab.logs.errors import LogError
 from dsv4lab.logs.events import (
     Capacity,

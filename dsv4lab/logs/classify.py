@@ -4,7 +4,7 @@ The watcher tails a growing log and must keep up with a server printing tens of 
 second, so this does no parsing and no state: one pass of substring checks, most specific first, on the
 raw line (prefix, ANSI codes and all). A regex runs only to confirm the rare candidate lines (exception
 lines). For figures and tracebacks use :class:`~dsv4lab.logs.parse.LogParser`; for a verdict on a
-whole log, :func:`~dsv4lab.logs.diagnose.diagnose`.
+whole log, :func:`~dsv4lab.logs.runs.diagnose`.
 """
 
 from __future__ import annotations
