@@ -39,6 +39,8 @@ class FakeServer:
         self.port = 0
         self.sends: list[list[float]] = []  # per request, perf_counter of each chunk write
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # per request, its HTTP headers (names lower-cased)
+        self.paths: list[str] = []  # per request, the path it was sent to
         self.in_flight = 0
         self.max_in_flight = 0
         self._runner: web.AppRunner | None = None
@@ -93,6 +95,8 @@ class FakeServer:
             self._transports.add(request.transport)
         body = await request.json()
         self.bodies.append(body)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        self.paths.append(request.path)
         if b.http_status != 200:
             return web.json_response({"error": {"message": "overloaded"}}, status=b.http_status)
         api = request.path

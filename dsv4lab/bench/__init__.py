@@ -5,13 +5,17 @@ result storage with provenance, and A/B verdicts with confidence intervals.
 ``workload``              what is sent (random, ShareGPT, shared-prefix prompts) and how it arrives
 ``sse``                   incremental Server-Sent Events parsing
 ``httpstream``            the minimal HTTP/1.1 streaming transport (timestamps at the socket read)
-``client``                one streamed request on /v1/completions, /v1/chat/completions or /generate
+``client``                one request on /generate, /v1/completions or /v1/chat/completions; the clock
+                          (``send``, or ``connect``: bench_serving's, on an aiohttp session per request)
 ``metrics``               per-request records and SGLang's metric definitions
-``runner``                a run, a concurrency sweep, the server-death watch
-``results``, ``store``    BenchResult with provenance; the append-only JSONL store
+``runner``, ``death``     a run, a concurrency sweep; deciding that the server died mid-run
+``serverinfo``            side requests: provenance, readiness, cache flush, profiling
+``results``, ``store``    BenchResult with provenance and definitions; the append-only JSONL store
+``sglang_format``         bench_serving's JSONL object and printed block for a BenchResult
 ``remote``                SGLang's bench_serving on the server host, parsed into a BenchResult
-``stats``, ``ab``         Welch CIs and verdicts; interleaved A/B runs
-``cli``                   ``dsv4lab bench``
+``stats`` (was            Welch CIs and verdicts; interleaved A/B runs
+``compare``), ``ab``
+``cli``, ``cliargs``      ``dsv4lab bench`` (bench_serving's option names where they mean the same)
 ========================  =========================================================================
 
 Typical use::
@@ -29,6 +33,7 @@ from dsv4lab.bench.metrics import SLO, Distribution, RequestRecord, Summary, sum
 from dsv4lab.bench.remote import parse_jsonl, parse_stdout, run_remote
 from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance
 from dsv4lab.bench.runner import run, run_async, sweep, sweep_async
+from dsv4lab.bench.sglang_format import bench_serving_record, serving_block
 from dsv4lab.bench.stats import ABComparison, ABLevel, compare, t_quantile, verdict_for, welch
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import (
@@ -60,6 +65,7 @@ __all__ = [
     "Summary",
     "Workload",
     "ab_schedule",
+    "bench_serving_record",
     "compare",
     "parse_jsonl",
     "parse_stdout",
@@ -69,6 +75,7 @@ __all__ = [
     "run_ab_async",
     "run_async",
     "run_remote",
+    "serving_block",
     "shared_prefix_workload",
     "sharegpt_workload",
     "summarize",

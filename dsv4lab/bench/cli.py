@@ -1,57 +1,104 @@
 """``dsv4lab bench``: benchmark a running server from the shell.
 
-``bench_main(argv)`` is the whole command (the top-level CLI only forwards to it). With ``--json`` it prints
-JSON Lines: one object per run (one per concurrency level, times ``--repeats``), each with at least
-``concurrency``, ``completed``, ``failed``, ``output_throughput``, ``request_throughput`` and ``ttft_ms`` /
-``tpot_ms`` / ``itl_ms`` / ``e2e_ms`` as ``{mean, median, p90, p99, std, count}``. Without it, a table.
-Exit status: 0 when every run completed, 1 when a run was cut short by the server dying or had failed
-requests, 2 for a usage error (one ``Error: ...`` line).
+``bench_main(argv)`` is the whole command (the top-level CLI only forwards to it). The server is named by
+``--url``, by ``--port`` (on this machine, or on ``--host`` through an SSH tunnel), or by the run directory
+``dsv4lab launch`` made (``--run-dir DIR [--host ALIAS]``: the port comes from the run, requests go through
+the same SSH tunnel the library uses, and a server that dies mid-run is diagnosed from its log). Options are
+in :mod:`.cliargs`.
+
+Output: a table (default), ``--format json`` (``--json``: JSON Lines, one object per run — one per
+concurrency level, times ``--repeats`` — each with ``concurrency``, ``completed``, ``failed``,
+``output_throughput``, ``request_throughput``, ``ttft_clock`` and ``ttft_ms`` / ``tpot_ms`` / ``itl_ms`` /
+``e2e_ms`` as ``{mean, median, p90, p99, std, count}``), or ``--format sglang`` (bench_serving's printed
+block). ``--output-file`` appends bench_serving's JSONL objects, ``--results-dir`` dsv4lab's result store.
+
+Exit status: 0 when every run completed; 1 when a run was cut short by the server dying or had failed
+requests; 130 when stopped with Ctrl-C (the runs so far are still printed and written); otherwise the
+status of the error's class (:func:`dsv4lab.errors.exit_code_for`: 2 for a bad option, 3/4 for a host that
+cannot be reached or whose key is unknown, 6 for a run directory without a launch, 7 for a benchmark that
+could not run), with one ``Error: ...`` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from dsv4lab.bench.client import ENDPOINTS, ClientOptions
-from dsv4lab.bench.metrics import SLO
-from dsv4lab.bench.results import BenchResult
-from dsv4lab.bench.runner import run_sync, sweep_async
-from dsv4lab.bench.workload import LoadSpec, Workload, concurrency_levels, random_workload, sharegpt_workload
-from dsv4lab.errors import DSV4LabError
+from dsv4lab.bench.cliargs import build_parser, client_options, levels, load_spec, slo, workload_factory
+from dsv4lab.bench.httpstream import Endpoint
+from dsv4lab.bench.results import BenchResult, BenchRuns
+from dsv4lab.bench.runner import control_headers, run_sync, sweep_async
+from dsv4lab.bench.serverinfo import wait_until_ready
+from dsv4lab.bench.sglang_format import append_jsonl, bench_serving_record, serving_block
+from dsv4lab.errors import BenchError, ConfigError, DSV4LabError, Interrupted, exit_code_for
+from dsv4lab.hosts import Host, PortForward
 
-__all__ = ["bench_main", "build_parser"]
+__all__ = ["Target", "bench_main", "build_parser", "resolve_target"]
 
 
-def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Benchmark a running SGLang (or OpenAI-compatible) server.")
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,2,4,8,16 (default 1)")
-    p.add_argument("--num-prompts", type=int, help="requests per run (default: max(10, 5 x concurrency))")
-    p.add_argument("--input-len", type=int, default=1024, help="prompt length in tokens (default 1024)")
-    p.add_argument("--output-len", type=int, default=128, help="output length in tokens (default 128)")
-    p.add_argument("--range-ratio", type=float, default=1.0, help="lengths uniform in [len*ratio, len] (default 1)")
-    p.add_argument("--dataset", help="a ShareGPT-style JSON file instead of random prompts")
-    p.add_argument("--token-ids", action="store_true", help="send token ids (exact prompt lengths)")
-    p.add_argument("--api", choices=sorted(ENDPOINTS), default="completions", help="endpoint (default completions)")
-    p.add_argument("--model", help="model name for OpenAI APIs (default: first id of /v1/models)")
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default inf)")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals (1 = Poisson)")
-    p.add_argument("--warmup", type=int, default=1, help="warmup requests per run, not counted (default 1)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per concurrency level (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
-    p.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT")
-    p.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT")
-    p.add_argument("--slo-e2e-ms", type=float, help="goodput SLO on E2E latency")
-    p.add_argument("--run-dir", help="append every result to RUN_DIR/bench_results.jsonl")
-    p.add_argument("--label", default="", help="label stored with the results")
-    p.add_argument("--json", action="store_true", help="JSON Lines: one object per run")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p
+@dataclass
+class Target:
+    """The server a run talks to: the URL this machine uses, and what is known of where it runs."""
+
+    url: str
+    host: Host | None = None
+    handle: Any = None  # dsv4lab.launch.ServerHandle when named by its run directory
+    forward: PortForward | None = None
+
+    def on_death(self) -> object:
+        """What the server's log says, for a run cut short (only when the run directory is known)."""
+        if self.handle is None:
+            return None
+        from dsv4lab.watch import wait_ready
+
+        readiness = wait_ready(self.handle, 5.0, progress=False, keep_running=True)
+        return f"{readiness.verdict.value}: {readiness.reason}"
+
+    def close(self) -> None:
+        if self.forward is not None:
+            self.forward.close()
+        if self.host is not None:
+            self.host.close()
+
+
+def resolve_target(args: argparse.Namespace) -> Target:
+    """``--url``, or ``--port``/``--run-dir`` on this machine or on ``--host`` through an SSH tunnel."""
+    from dsv4lab.hosts import open_host
+
+    if args.url is not None:
+        for name in ("run_dir", "host", "port"):
+            if getattr(args, name) is not None:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(flag, getattr(args, name), "not with --url (name the server one way)")
+        try:
+            return Target(Endpoint.parse(args.url).url)
+        except BenchError:
+            raise ConfigError("--url", args.url, "an http(s)://HOST:PORT URL this machine can reach") from None
+    if args.run_dir is None and args.port is None:
+        raise ConfigError("server", None, "--url URL, --port PORT, or --run-dir DIR (with --host ALIAS for SSH)")
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ConfigError("--port", args.port, "a TCP port, 1-65535")
+    host = open_host(args.host, known_hosts=args.known_hosts, trust_unknown_host=args.trust_host_key)
+    target = Target("", host=host)
+    try:
+        port = args.port
+        if args.run_dir is not None:
+            from dsv4lab.launch import attach
+
+            target.handle = attach(host, args.run_dir)
+            if port is not None and port != target.handle.port:
+                raise ConfigError("--port", port, f"the run's own port ({target.handle.port}) or none")
+            port = target.handle.port
+        target.forward = host.forward(int(port))
+        target.url = target.forward.url
+    except BaseException:
+        target.close()
+        raise
+    return target
 
 
 def _table(results: Sequence[BenchResult]) -> str:
@@ -69,61 +116,87 @@ def _table(results: Sequence[BenchResult]) -> str:
             f"{s.output_throughput:>10.1f} {s.ttft_ms.median:>9.1f} {s.ttft_ms.p99:>9.1f} {s.tpot_ms.median:>9.2f} "
             f"{s.itl_ms.p99:>9.2f} {s.e2e_ms.median:>9.1f}  {note}"
         )
+        if r.diagnosis is not None:
+            lines.append(f"      server log: {r.diagnosis}")
     lines.append("latencies in ms; fail = failed + incomplete + not sent")
+    if results:
+        first = results[0]
+        lines.append(f"TTFT clock {first.ttft_clock}: starts {first.definitions['clock']}")
+        if first.ttft_clock == "send":
+            lines.append("(--ttft-clock connect starts it before encoding and connecting, as SGLang's bench_serving)")
+        lines.append(f"ITL: {first.definitions['itl']}")
     return "\n".join(lines)
 
 
-def bench_main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        levels = concurrency_levels(args.concurrency)
-
-        def workload_for(level: int) -> Workload:
-            n = args.num_prompts or max(10, 5 * level)
-            if args.dataset:
-                return sharegpt_workload(args.dataset, n, seed=args.seed)
-            return random_workload(
-                n,
-                args.input_len,
-                args.output_len,
-                range_ratio=args.range_ratio,
-                seed=args.seed,
-                token_ids=args.token_ids,
-            )
-
-        options = ClientOptions(api=args.api, model=args.model, request_timeout_s=args.request_timeout)
-        load = LoadSpec(
-            concurrency=levels[0],
-            request_rate=args.request_rate,
-            burstiness=args.burstiness,
-            warmup=args.warmup,
-            seed=args.seed,
-        )
-        slo = None
-        if any(x is not None for x in (args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)):
-            slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)
-        results = run_sync(
-            sweep_async(
-                args.url,
-                workload_for,
-                levels,
-                repeats=args.repeats,
-                load=load,
-                options=options,
-                slo=slo,
-                label=args.label,
-                progress=not args.no_progress and not args.json,
-                store=args.run_dir,
-            )
-        )
-    except DSV4LabError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
+def _print(results: Sequence[BenchResult], fmt: str) -> None:
+    if fmt == "json":
         for r in results:
             print(json.dumps(r.row(), allow_nan=False), flush=True)
+    elif fmt == "sglang":
+        for r in results:
+            print(serving_block(r), flush=True)
     else:
         print(_table(results))
+
+
+def bench_main(argv: Sequence[str] | None = None) -> int:
+    """Run ``dsv4lab bench`` with ``argv``; return its exit status (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _bench(args)
+    except DSV4LabError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.json and args.format not in ("table", "json"):
+        raise ConfigError("--json", True, f"not with --format {args.format}")
+    fmt = "json" if args.json else args.format
+    levels_ = levels(args)
+    workload_for = workload_factory(args)
+    options = client_options(args)
+    load = load_spec(args, levels_[0])
+    goal = slo(args)
+    if args.ready_check_timeout_sec < 0:
+        raise ConfigError("--ready-check-timeout-sec", args.ready_check_timeout_sec, "seconds >= 0")
+    target = resolve_target(args)
+    interrupted = False
+    try:
+        if args.ready_check_timeout_sec > 0:
+            ready = wait_until_ready(target.url, args.ready_check_timeout_sec, headers=control_headers(options))
+            run_sync(ready, what="ready check")
+        coro = sweep_async(
+            target.url,
+            workload_for,
+            levels_,
+            repeats=args.repeats,
+            load=load,
+            options=options,
+            slo=goal,
+            label=args.label,
+            progress=not args.no_progress and fmt == "table",
+            on_server_death=target.on_death if target.handle is not None else None,
+            host=target.host,
+            config=target.handle.config if target.handle is not None else None,
+            store=args.results_dir,
+            profile=args.profile,
+            profile_output_dir=args.profile_output_dir,
+        )
+        try:
+            results: Sequence[BenchResult] = run_sync(coro, what="benchmark")
+        except Interrupted as exc:
+            interrupted = True
+            results = exc.partial if isinstance(exc.partial, BenchRuns) else BenchRuns()
+    finally:
+        target.close()
+    if args.output_file and results:
+        records = [bench_serving_record(r, details=args.output_details, tag=args.label or None) for r in results]
+        append_jsonl(args.output_file, records)
+    _print(results, fmt)
+    if interrupted:
+        print("Interrupted: the runs above are what finished.", file=sys.stderr)
+        return 130
     bad = any(r.partial or r.summary.completed < r.summary.total for r in results)
     return 1 if bad else 0
 

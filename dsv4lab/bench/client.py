@@ -14,10 +14,12 @@ chunk's timestamp is the moment its bytes reached Python.
 
 * ``send`` (the default): when the request's bytes are written to a connection that is already open; the
   body was encoded beforehand. TTFT is then the server's time plus the network, nothing of the client's.
-* ``connect``: before the body is encoded and a new connection is opened for the request — what SGLang's
-  ``bench_serving`` does (it starts its clock, then builds the JSON and opens a fresh aiohttp session per
-  request). TTFT then includes TCP (and TLS) setup and encoding; use it to compare with published
-  ``bench_serving`` figures. Over an SSH tunnel the extra connection setup is a round trip to the host.
+* ``connect``: measured the way SGLang's ``bench_serving`` measures, to compare with its published figures.
+  Each request opens its own aiohttp session; the clock starts before aiohttp encodes the JSON body and
+  opens the connection, and a chunk's time is taken when the request's task reads its line. TTFT then holds
+  connection setup, encoding and the client's own scheduling delays — small at concurrency 1, tens of ms
+  at 64 streams on a loaded core (``benchmarks/client_capacity.py`` measures it) — exactly as
+  ``bench_serving``'s does. Over an SSH tunnel the connection setup is a round trip to the host.
 """
 
 from __future__ import annotations
@@ -31,13 +33,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import aiohttp
+
 from dsv4lab.bench.httpstream import ConnectionPool, Endpoint, HTTPStreamError, build_post
 from dsv4lab.bench.metrics import RequestRecord, Status
 from dsv4lab.bench.sse import SSEParser
 from dsv4lab.bench.workload import RequestSpec
 from dsv4lab.errors import BenchError
 
-__all__ = ["API", "ENDPOINTS", "ClientOptions", "ITLUnit", "TTFTClock", "request_body", "send_request"]
+__all__ = [
+    "API",
+    "ENDPOINTS",
+    "ClientOptions",
+    "ITLUnit",
+    "SessionRequest",
+    "TTFTClock",
+    "prepare",
+    "prepare_session",
+    "request_body",
+    "send_request",
+]
 
 API = Literal["completions", "chat", "generate"]
 TTFTClock = Literal["send", "connect"]
@@ -329,20 +344,58 @@ def _record(
     )
 
 
-def prepare(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model: str | None) -> bytes:
-    """The request bytes. With ``ttft_clock="send"`` they are built before the clock starts (JSON encoding
-    is not the server's time); with ``"connect"`` inside it, as ``bench_serving`` does."""
-    body = json.dumps(request_body(spec, options, model), separators=(",", ":")).encode()
+def _headers(options: ClientOptions) -> dict[str, str]:
     headers = dict(options.headers)
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
-    return build_post(endpoint, ENDPOINTS[options.api], body, headers)
+    return headers
+
+
+def prepare(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model: str | None) -> bytes:
+    """The request bytes, built before the clock starts (``ttft_clock="send"``: JSON encoding is not the
+    server's time)."""
+    body = json.dumps(request_body(spec, options, model), separators=(",", ":")).encode()
+    return build_post(endpoint, ENDPOINTS[options.api], body, _headers(options))
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """A request to send as ``bench_serving`` does (``ttft_clock="connect"``): the body as a dict, encoded
+    by aiohttp once the clock runs, on a session of its own."""
+
+    url: str
+    body: Mapping[str, Any]
+    headers: Mapping[str, str]
+
+
+def prepare_session(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model: str | None) -> SessionRequest:
+    """The :class:`SessionRequest` for ``spec`` (``bench_serving`` builds its payload dict before its clock too)."""
+    return SessionRequest(endpoint.url + ENDPOINTS[options.api], request_body(spec, options, model), _headers(options))
+
+
+#: aiohttp's read buffer for session requests: bench_serving raises it from 64 KiB to 10 MiB, because a
+#: full buffer stalls long streams (vLLM #39963); the same here, so both clients read alike.
+_READ_BUFSIZE = 10 * 1024**2
+
+
+def _session(options: ClientOptions) -> aiohttp.ClientSession:
+    timeout = aiohttp.ClientTimeout(total=options.request_timeout_s, connect=options.connect_timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, read_bufsize=_READ_BUFSIZE)
+
+
+async def _send_session(session: aiohttp.ClientSession, req: SessionRequest, collector: _Collector) -> None:
+    """One request on its own aiohttp session, line by line; times are taken when the task reads a line."""
+    async with session.post(req.url, json=dict(req.body), headers=dict(req.headers)) as resp:
+        collector.on_head(resp.status, {k.lower(): v for k, v in resp.headers.items()}, time.perf_counter())
+        async for line in resp.content:
+            collector.on_body(line, time.perf_counter())
+        collector.on_end(time.perf_counter())
 
 
 async def send_request(
     pool: ConnectionPool,
     spec: RequestSpec,
-    request: bytes | Callable[[], bytes],
+    request: bytes | SessionRequest,
     options: ClientOptions,
     *,
     scheduled_s: float,
@@ -351,23 +404,29 @@ async def send_request(
 ) -> RequestRecord:
     """Send one request and return what was seen; never raises for a server-side failure.
 
-    ``request`` is the prepared bytes, or a function building them: with ``ttft_clock="connect"`` it is
-    called after the clock started, and the request gets a connection of its own (opened after the clock
-    started too, closed when the response ends).
+    ``request`` is the prepared bytes (sent on ``pool``, clock from the send) or a :class:`SessionRequest`
+    (sent on a session of its own, created just before the clock starts — bench_serving's order — so the
+    clock holds encoding and connecting).
     """
     collector = _Collector(options.api, options.record_text)
+    session = _session(options) if isinstance(request, SessionRequest) else None
     start = time.perf_counter()
     failure = ""
     try:
-        payload = request if isinstance(request, bytes) else request()
-        fresh = options.ttft_clock == "connect"
-        await pool.request(payload, collector, timeout_s=options.request_timeout_s, fresh=fresh)
+        if isinstance(request, SessionRequest):
+            assert session is not None
+            await _send_session(session, request, collector)
+        else:
+            await pool.request(request, collector, timeout_s=options.request_timeout_s)
     except (asyncio.TimeoutError, TimeoutError):
         failure = f"no complete response within {options.request_timeout_s:g} s"
     except HTTPStreamError as exc:
         failure = f"bad HTTP response: {exc}"
-    except (ConnectionError, OSError) as exc:
+    except (ConnectionError, OSError, aiohttp.ClientError) as exc:
         failure = f"connection error: {exc or type(exc).__name__}"
         if on_connection_error is not None:
             on_connection_error(exc)
+    finally:
+        if session is not None:
+            await session.close()
     return _record(collector, spec, scheduled_s, start, origin, failure)

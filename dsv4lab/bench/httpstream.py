@@ -179,10 +179,6 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
     def _finish(self, t: float) -> None:
         sink, done = self._sink, self._done
         self._sink = None
@@ -341,14 +337,10 @@ class ConnectionPool:
         opened = await asyncio.gather(*(self._connect() for _ in range(missing)), return_exceptions=True)
         self._idle.extend(c for c in opened if isinstance(c, _Conn))
 
-    async def request(self, request: bytes, sink: BodySink, *, timeout_s: float, fresh: bool = False) -> None:
-        """Send ``request``; the sink gets the response. Raises ConnectionError/OSError/TimeoutError.
-
-        ``fresh`` opens a connection for this request alone and closes it afterwards (no keep-alive reuse),
-        as a client that opens a session per request does.
-        """
+    async def request(self, request: bytes, sink: BodySink, *, timeout_s: float) -> None:
+        """Send ``request``; the sink gets the response. Raises ConnectionError/OSError/TimeoutError."""
         conn: _Conn | None = None
-        while self._idle and not fresh:
+        while self._idle:
             candidate = self._idle.pop()
             if not candidate.closed:
                 conn = candidate
@@ -372,10 +364,8 @@ class ConnectionPool:
             raise
         finally:
             self._busy.discard(conn)
-        if conn.reusable and not fresh:
+        if conn.reusable:
             self._idle.append(conn)
-        elif conn.reusable:
-            conn.close()  # a clean FIN, as a client closing its session sends
         else:
             conn.abort()
 

@@ -283,6 +283,7 @@ class BenchResult:
                 "repeat": self.repeat,
                 "partial": self.partial,
                 "abort_reason": self.abort_reason,
+                "diagnosis": self.diagnosis,
                 "completed": s.completed,
                 "failed": s.failed,
                 "incomplete": s.incomplete,

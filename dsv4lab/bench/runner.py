@@ -20,14 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import gc
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from dsv4lab.bench.client import ClientOptions, prepare, send_request
+from dsv4lab.bench.client import ClientOptions, SessionRequest, prepare, prepare_session, send_request
 from dsv4lab.bench.death import DEATH_ERRORS, DEATH_WINDOW_S, PROBE_TIMEOUT_S, DeathWatch
 from dsv4lab.bench.httpstream import ConnectionPool, Endpoint
 from dsv4lab.bench.metrics import SLO, RequestRecord, summarize
@@ -108,7 +107,7 @@ class _Run:
     async def execute(
         self,
         specs: Sequence[RequestSpec],
-        payloads: Sequence[bytes | Callable[[], bytes]],
+        payloads: Sequence[bytes | SessionRequest],
         schedule: Sequence[float],
         cap: int | None,
         origin: float,
@@ -370,11 +369,11 @@ async def run_async(
 
 def _payloads(
     endpoint: Endpoint, specs: Sequence[RequestSpec], options: ClientOptions, model: str | None
-) -> list[bytes | Callable[[], bytes]]:
-    """Request bytes built now (clock from the send), or builders the request calls once its clock runs
-    (``ttft_clock="connect"``, bench_serving's clock)."""
+) -> list[bytes | SessionRequest]:
+    """Request bytes for the pool (clock from the send), or session requests whose encoding and connection
+    fall inside the clock (``ttft_clock="connect"``, bench_serving's way)."""
     if options.ttft_clock == "connect":
-        return [functools.partial(prepare, endpoint, s, options, model) for s in specs]
+        return [prepare_session(endpoint, s, options, model) for s in specs]
     return [prepare(endpoint, s, options, model) for s in specs]
 
 

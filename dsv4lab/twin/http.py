@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http
 import json
+import math
 import re
 import time
 import uuid
@@ -227,10 +228,19 @@ def build_app(state: ServerState) -> web.Application:
     r.add_get("/v1/models/{model:.+}", one_model)
 
     async def flush_cache(request: web.Request) -> web.Response:
+        # 0.5.23 takes ?timeout=S: wait up to S seconds for running and waiting requests to end (what
+        # bench_serving --flush-cache asks for, 60 s); older releases, and timeout 0, refuse at once when busy.
+        wait_s = _query_float(request, "timeout") if release.key >= (0, 5, 23) else 0.0
+        if wait_s is None:
+            return _error("timeout must be a number >= 0", 422)
+        deadline = time.monotonic() + wait_s
+        while state.scheduler.busy and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         if state.scheduler.busy:
+            text = "Timed out waiting for idle state." if wait_s > 0 else "Cache not flushed. "
             return web.Response(
                 status=400,
-                text="Cache not flushed. Please check backend logs for more details. " + _FLUSH_NOTE,
+                text=text + ("\n" if wait_s > 0 else "Please check backend logs for more details. " + _FLUSH_NOTE),
             )
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. " + _FLUSH_NOTE)
 
@@ -317,6 +327,16 @@ def build_app(state: ServerState) -> web.Application:
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat)
     return app
+
+
+def _query_float(request: web.Request, name: str) -> float | None:
+    """A non-negative number from the query string (0 when absent), None when it is not one."""
+    raw = request.query.get(name, "0")
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _access(log: LogWriter, request: web.Request, status: int) -> None:
