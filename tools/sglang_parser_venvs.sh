@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build one small venv per SGLang release, holding just enough of SGLang's
 # dependencies to construct its real `launch_server` argparse parser on a CPU
-# machine; tools/sglang_argv_check.py then checks argv against it.
+# machine; tools/sglang_argv_check.py then checks argv against it. The newest
+# release's venv also gets what its `bench_serving` client imports
+# (transformers, tokenizers), so benchmarks/bench_parity.py and
+# benchmarks/client_capacity.py can run the real client against the twin.
 #
 # Usage: tools/sglang_parser_venvs.sh [DIR] [VERSION...]
 #   DIR      default: .cache/sglang-parsers   (venvs go to DIR/venv-<version>)
@@ -60,6 +63,26 @@ deps_for() {
     esac
 }
 
+# What `python -m sglang.benchmark.serving` imports beyond the parser's deps
+# (pins copy the release's own requirements). Only for releases listed here.
+bench_deps_for() {
+    bench_deps=()
+    case "$1" in
+        0.5.23) bench_deps=("transformers==5.19.0" "tokenizers==0.23.2") ;;
+    esac
+}
+
+# Install the bench client's deps into a working venv when they are missing
+# (an existing venv is topped up, not rebuilt).
+ensure_bench_deps() {
+    local version="$1" venv="$2" py="$2/bin/python"
+    bench_deps_for "${version}"
+    [[ "${#bench_deps[@]}" -gt 0 ]] || return 0
+    if "${py}" -c 'import transformers, tokenizers' >/dev/null 2>&1; then return 0; fi
+    echo "sglang ${version}: adding the bench_serving client's deps to ${venv}"
+    "${py}" -m pip install -q --disable-pip-version-check -c "${venv}/torch-constraint.txt" "${bench_deps[@]}"
+}
+
 venv_works() {
     local py="$1" version="$2" out
     [[ -x "${py}" ]] || return 1
@@ -98,12 +121,16 @@ one_version() {
     local version="$1" venv="${dir}/venv-$1"
     if venv_works "${venv}/bin/python" "${version}"; then
         echo "sglang ${version}: ${venv} ok (kept)"
+        ensure_bench_deps "${version}" "${venv}" >>"${dir}/build-${version}.log" 2>&1 \
+            || echo "sglang ${version}: bench_serving deps FAILED (see ${dir}/build-${version}.log)" >&2
         return 0
     fi
     echo "sglang ${version}: building ${venv}"
     if build_venv "${version}" "${venv}" >"${dir}/build-${version}.log" 2>&1 \
         && venv_works "${venv}/bin/python" "${version}"; then
         echo "sglang ${version}: ${venv} ok"
+        ensure_bench_deps "${version}" "${venv}" >>"${dir}/build-${version}.log" 2>&1 \
+            || echo "sglang ${version}: bench_serving deps FAILED (see ${dir}/build-${version}.log)" >&2
     else
         echo "sglang ${version}: ${venv} FAILED (see ${dir}/build-${version}.log)" >&2
         tail -n 20 "${dir}/build-${version}.log" >&2 || true
