@@ -10,6 +10,7 @@ import pytest
 
 from dsv4lab.bench import BenchResult, BenchRuns, ClientOptions, LoadSpec, random_workload, run_async, sweep_async
 from dsv4lab.bench.client import API
+from dsv4lab.errors import BenchError
 from tests.test_bench_fakeserver import FakeServer, ServerBehaviour, fake_server
 
 
@@ -131,3 +132,26 @@ def test_sweep_runs_every_level_and_repeat() -> None:
     assert [(r.concurrency, r.repeat) for r in results] == [(1, 0), (1, 1), (2, 0), (2, 1), (8, 0), (8, 1)]
     assert all(r.summary.completed == 8 for r in results)
     assert len({r.id for r in results}) == 6
+
+
+def test_sweep_levels_may_be_uncapped() -> None:
+    from dsv4lab.bench.workload import cap_levels
+
+    assert cap_levels("1, 4,inf") == [1, 4, None]
+    assert cap_levels(None) == [None] and cap_levels([2, None]) == [2, None] and cap_levels(3) == [3]
+    for bad in ("0", "x", "", [0]):
+        with pytest.raises(BenchError):
+            cap_levels(bad)
+
+    async def go() -> BenchRuns:
+        server = await fake_server(ServerBehaviour(ttft_s=0.05, itl_s=0.0))
+        try:
+            wl = random_workload(6, 8, 2, seed=2)
+            return await sweep_async(server.url, wl, "2,inf", progress=False)
+        finally:
+            await server.stop()
+
+    capped, uncapped = asyncio.run(go())
+    assert capped.concurrency == 2 and uncapped.concurrency is None
+    assert uncapped.summary.peak_concurrent == 6 and capped.summary.peak_concurrent == 2
+    assert uncapped.flat()["concurrency"] is None

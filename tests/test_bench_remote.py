@@ -345,3 +345,78 @@ def test_run_remote_failure_quotes_the_output(tmp_path: Path) -> None:
             python=python,
             timeout_s=60,
         )
+
+
+def test_build_argv_carries_the_new_request_and_load_options() -> None:
+    wl = random_workload(8, 64, 8, seed=1)
+    opts = ClientOptions(api="generate", stream=False, temperature=0.7, top_p=0.9, headers={"X-Team": "infra"})
+    argv = build_argv(
+        python=["python3"],
+        module="sglang.benchmark.serving",
+        base_url="http://127.0.0.1:30000",
+        workload=wl,
+        load=LoadSpec(concurrency=None, flush_cache=True),
+        options=opts,
+        output_file="o.jsonl",
+    )
+    joined = " ".join(argv)
+    for part in ("--disable-stream", "--temperature 0.7", "--top-p 0.9", "--header X-Team=infra", "--flush-cache"):
+        assert part in joined
+    assert "--max-concurrency" not in argv  # no cap
+    with pytest.raises(RemoteBenchError, match=r"sglang.bench_serving .*--temperature"):
+        build_argv(
+            python=["p"],
+            module="sglang.bench_serving",
+            base_url="u",
+            workload=wl,
+            load=LoadSpec(),
+            options=opts,
+            output_file="o",
+        )
+    with pytest.raises(RemoteBenchError, match="OPENAI_API_KEY"):
+        build_argv(
+            python=["p"],
+            module="sglang.benchmark.serving",
+            base_url="u",
+            workload=wl,
+            load=LoadSpec(),
+            options=ClientOptions(api_key="k"),
+            output_file="o",
+        )
+
+
+def test_sharegpt_caps_reach_the_remote_command(tmp_path: Path) -> None:
+    from dsv4lab.bench.workload import sharegpt_workload
+
+    data = tmp_path / "s.json"
+    conv = [{"from": "human", "value": "hello there " * 10}, {"from": "gpt", "value": "x" * 400}]
+    data.write_text(json.dumps([{"conversations": conv}] * 4))
+    wl = sharegpt_workload(data, 4, output_len=32, context_len=4096)
+    argv = build_argv(
+        python=["p"],
+        module="sglang.benchmark.serving",
+        base_url="u",
+        workload=wl,
+        load=LoadSpec(),
+        options=ClientOptions(),
+        output_file="o",
+        dataset_path="/remote/s.json",
+    )
+    joined = " ".join(argv)
+    assert "--sharegpt-output-len 32" in joined and "--sharegpt-context-len 4096" in joined
+
+
+def test_remote_results_state_bench_servings_definitions(tmp_path: Path) -> None:
+    python = fake_sglang(tmp_path / "site")
+    r = run_remote(
+        LocalHost(),
+        "http://127.0.0.1:30000",
+        random_workload(4, 128, 4, seed=9),
+        LoadSpec(concurrency=4),
+        ClientOptions(api="generate"),
+        work_dir=str(tmp_path / "work"),
+        python=python,
+        timeout_s=60,
+    )
+    assert r.ttft_clock == "connect" and r.itl_unit == "token"
+    assert "bench_serving" in r.definitions["clock"] and "last line" in r.definitions["e2e"]
