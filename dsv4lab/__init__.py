@@ -14,7 +14,14 @@ must not pay for pandas, aiohttp and paramiko they never touch.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
+
+# jsonschema (behind Altair, nbformat and papermill) imports the optional IRI checker ``rfc3987_syntax``
+# when it is installed (jupyter-events pulls it in), and that package compiles a parser grammar at import:
+# about 4 s on every kernel start and every command. Nothing dsv4lab validates has IRI-format fields, so
+# the checker is left out (jsonschema skips a checker whose import fails). Measured in benchmarks/imports.py.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 __version__ = "0.1.0"
 

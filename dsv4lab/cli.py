@@ -498,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = verbs.add_parser("demo", help="the story's campaign on the twin (what make demo runs)")
     demo.add_argument("--reports", default="reports", help="folder the campaign writes under")
-    demo.add_argument("--time-scale", type=float, default=0.05, help="twin time scale (1 = real time)")
+    demo.add_argument("--time-scale", type=float, default=0.02, help="twin time scale (1 = real time)")
     demo.add_argument("--log-output", action="store_true", help="echo each cell's output while it runs")
     demo.add_argument(
         "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="a campaign parameter"

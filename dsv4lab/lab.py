@@ -412,22 +412,26 @@ class Lab:
         started: list[Server] = []
 
         def start(config: ServerConfig | str, name: str) -> Server:
-            server = self.launch(config, name=name)
+            # No GPU sampling: an A/B's servers are measured, not charted (a sampler costs a process each).
+            server = self.launch(config, name=name, sample_gpus=False)
             started.append(server)
+            return server
+
+        def ready(server: Server) -> Server:
             server.wait(timeout_s)
             if not server.ready:
                 reason = server.readiness.reason if server.readiness is not None else "no verdict"
-                raise LaunchError(f"{name} did not start for the comparison: {server.state}: {reason}")
+                raise LaunchError(f"{server.name} did not start for the comparison: {server.state}: {reason}")
             return server
 
         kw: dict[str, Any] = {"prompts": prompts, "input_len": input_len, "output_len": output_len, "seed": seed}
         try:
-            if together:
+            if together:  # both start at once: their startups overlap
                 sa, sb = start(a, names[0]), start(b, names[1])
-                return self.ab(sa, sb, concurrency, repeats=repeats, labels=names, **kw)
+                return self.ab(ready(sa), ready(sb), concurrency, repeats=repeats, labels=names, **kw)
             runs: list[bench.BenchRuns] = []
             for config, name in ((a, names[0]), (b, names[1])):
-                server = start(config, name)
+                server = ready(start(config, name))
                 runs.append(server.bench(concurrency, repeats=repeats, **kw))
                 server.stop(grace_s=10.0)
             return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), names[0], names[1])

@@ -222,6 +222,18 @@ def _convert(notebook: str, p: Parameter, value: Any) -> Any:
 # -- running ----------------------------------------------------------------------------------------------
 
 
+def _ipc_kernel_manager() -> type:
+    """A kernel manager on Unix sockets: the kernel is reachable by this user only, not on a TCP port (and
+    ipykernel does not warn that its TCP traffic is unencrypted)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import Unicode
+
+    class IPCKernelManager(AsyncKernelManager):
+        transport = Unicode("ipc")
+
+    return IPCKernelManager
+
+
 def _literal(text: str) -> Any:
     """A default as written in the parameters cell, as a value (None when it is not a literal)."""
     try:
@@ -289,6 +301,7 @@ def run_notebook(
             progress_bar=False,
             execution_timeout=execution_timeout_s,
             start_timeout=start_timeout_s,
+            kernel_manager_class=_ipc_kernel_manager(),
         )
     except PapermillExecutionError as exc:
         status = "failed"

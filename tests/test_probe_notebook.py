@@ -23,10 +23,10 @@ CELLS = [
 
 
 def test_probe_notebook_runs_under_papermill(tmp_path: Path) -> None:
-    nb = nbformat.v4.new_notebook()
+    nb = nbformat.v4.new_notebook()  # type: ignore[no-untyped-call]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     for tag, source in CELLS:
-        cell = nbformat.v4.new_code_cell(source)
+        cell = nbformat.v4.new_code_cell(source)  # type: ignore[no-untyped-call]
         if tag:
             cell.metadata["tags"] = [tag]
         nb.cells.append(cell)
