@@ -338,7 +338,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from dsv4lab.nbrun import notebook_parameters, parse_cli_value
-    from dsv4lab.sweeps import run_sweep
+    from dsv4lab.sweeps import load_points, run_sweep
 
     declared = notebook_parameters(args.notebook)
     grid: dict[str, list[Any]] = {}
@@ -350,12 +350,17 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             grid[name] = parsed
         else:
             fixed[name] = parsed
-    if not grid:
-        raise ConfigError(
-            "-p", "", "at least one swept parameter with several values, e.g. -p mem_fraction_static 0.55,0.6"
-        )
+    points = load_points(args.points) if args.points else None
+    if not grid and points is None:
+        allowed = "a swept parameter with several values (-p mem_fraction_static 0.55,0.6) or --points FILE.toml"
+        raise ConfigError("-p", "", allowed)
     result = run_sweep(
-        args.notebook, grid, parameters=fixed, reports_root=args.reports, run_predicted_oom=args.run_predicted_oom
+        args.notebook,
+        grid if points is None else None,
+        points=points,
+        parameters=fixed,
+        reports_root=args.reports,
+        run_predicted_oom=args.run_predicted_oom,
     )
     for point in result.points:
         print(f"{point.parameters}  {point.predicted:<32} {point.status}", file=sys.stderr)
@@ -493,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw = verbs.add_parser("sweep", help="run a notebook over a grid of parameters; prints the sweep's index last")
     sw.add_argument("notebook", help="a shipped notebook or a .ipynb path")
     _add_notebook_options(sw, help_p="a parameter; comma-separated values are swept (config fields go to overrides)")
+    sw.add_argument("--points", default=None, help="a TOML file of [[point]] tables to run instead of a grid")
     sw.add_argument("--run-predicted-oom", action="store_true", help="also run points the memory model says OOM")
     sw.set_defaults(func=_cmd_sweep)
 

@@ -24,7 +24,7 @@ from dsv4lab.errors import ConfigError, DSV4LabError
 from dsv4lab.experiment import parse_overrides, write_json_atomic
 from dsv4lab.nbrun import find_notebook, new_run_dir, notebook_parameters, run_notebook
 
-__all__ = ["SweepPoint", "SweepResult", "expand_grid", "run_sweep"]
+__all__ = ["SweepPoint", "SweepResult", "expand_grid", "load_points", "run_sweep"]
 
 
 @dataclass
@@ -70,33 +70,58 @@ def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
+def load_points(path: str | Path) -> list[dict[str, Any]]:
+    """Sweep points from a TOML file: ``[[point]]`` tables, each a set of parameter values (any combination,
+    where a grid would be wasteful or a few hand-picked configs are the question)."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    p = Path(path).expanduser()
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError("points", str(p), "a readable TOML file with [[point]] tables", detail=str(exc)) from exc
+    points = data.get("point")
+    if not isinstance(points, list) or not points or not all(isinstance(x, dict) and x for x in points):
+        raise ConfigError("points", str(p), "one or more [[point]] tables, e.g. mem_fraction_static = 0.6")
+    return [dict(x) for x in points]
+
+
 def run_sweep(
     notebook: str | Path,
-    grid: Mapping[str, Sequence[Any]],
+    grid: Mapping[str, Sequence[Any]] | None = None,
     *,
+    points: Sequence[Mapping[str, Any]] | None = None,
     parameters: Mapping[str, Any] | None = None,
     reports_root: str | Path = "reports",
     run_predicted_oom: bool = False,
     execution_timeout_s: float = 3600.0,
 ) -> SweepResult:
-    """Run ``notebook`` at every point of ``grid`` (see module doc); returns the result with ``index.html``."""
+    """Run ``notebook`` at every point of ``grid`` (or at each of ``points``, from :func:`load_points`);
+    returns the result with ``index.html`` (see module doc)."""
+    if (grid is None) == (points is None):
+        raise ConfigError("sweep", "", "either a grid of values or a list of points")
     nb = find_notebook(notebook)
     declared = notebook_parameters(nb)
     fields = set(field_names())
     base = dict(parameters or {})
-    for key in [*grid, *base]:
+    combos = expand_grid(grid) if grid is not None else [dict(p) for p in points or ()]
+    for key in {k for c in combos for k in c} | set(base):
         if key not in declared and not (key in fields and "overrides" in declared):
             raise ConfigError(
                 f"sweep parameter {key} of {nb.stem}",
-                grid.get(key, base.get(key)),
+                "",
                 f"one of its parameters ({', '.join(declared)}) or a config field",
             )
     folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
-    points: list[SweepPoint] = []
-    for values in expand_grid(grid):
+    results: list[SweepPoint] = []
+    for values in combos:
         params = _point_parameters(base, values, declared)
         point = SweepPoint(values, predicted=_predict(params, declared))
-        points.append(point)
+        results.append(point)
         if point.predicted.startswith("OOM") and not run_predicted_oom:
             point.status = "skipped"
             continue
@@ -105,9 +130,9 @@ def run_sweep(
         )
         point.status = "ok" if run.ok else "failed"
         point.run_dir, point.report, point.figures = str(run.run_dir), str(run.report), dict(run.figures)
-        _write(nb, folder, points)
-    index = _write(nb, folder, points)
-    return SweepResult(nb.stem, folder, index, points)
+        _write(nb, folder, results)
+    index = _write(nb, folder, results)
+    return SweepResult(nb.stem, folder, index, results)
 
 
 def _point_parameters(base: dict[str, Any], values: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:

@@ -306,3 +306,20 @@ def test_the_campaign_runs_against_a_host_over_ssh(sshd: Any, tmp_path: Path) ->
     assert record["host_spec"] == "gpubox" and record["run_dir"] != b["server_dir"]  # it ran over there
     assert (Path(b["server_dir"]) / "server.log").is_file()  # and its log came home for the diagnosis
     assert (Path(b["server_dir"]) / "gpu_memory.csv").stat().st_size > 100  # sampled over the same connection
+
+
+def test_sweep_points_from_a_toml_file(tmp_path: Path) -> None:
+    points = tmp_path / "points.toml"
+    points.write_text(
+        "[[point]]\nmem_fraction_static = 0.9\ncuda_graph_max_bs = 64\n\n"
+        "[[point]]\nmem_fraction_static = 0.85\ncuda_graph_max_bs = 64\n"
+    )
+    out = _cli(["sweep", "04_config_b_fixed", "--points", str(points), "--reports", str(tmp_path)], timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]  # both predicted to run out of memory: skipped, nothing launched
+    sweep = json.loads((Path(out.stdout.strip().splitlines()[-1]).parent / "sweep.json").read_text())
+    assert [p["status"] for p in sweep["points"]] == ["skipped", "skipped"]
+    assert all(p["predicted"].startswith("OOM") for p in sweep["points"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[point]]\nmem_fractio = 0.9\n")
+    out = _cli(["sweep", "04_config_b_fixed", "--points", str(bad), "--reports", str(tmp_path)], timeout=120)
+    assert out.returncode == 2 and "mem_fractio" in out.stderr
