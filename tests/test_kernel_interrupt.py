@@ -69,6 +69,20 @@ def test_stop_during_server_bench_keeps_the_partial_run(kernel: Kernel) -> None:
     assert kernel.value("a.is_alive()") == "True"  # a bench does not stop the server it did not start
     stored = kernel.value("len(open(a.local_dir / 'bench' / 'bench_results.jsonl').readlines())")
     assert stored == "1"
+    # The function underneath, as a script would call it: the same Stop, the partial result on the exception.
+    cell = kernel.submit(
+        "wl = bench.random_workload(40, 256, 300, seed=5)\n"
+        "r = bench.run(a.url, wl, bench.LoadSpec(concurrency=4, warmup=0))"
+    )
+    time.sleep(7.0)
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted"
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    assert kernel.value("type(sys.last_value.partial).__name__") == "'BenchResult'"
+    assert (
+        kernel.value("sys.last_value.partial.interrupted and sys.last_value.partial.summary.completed >= 1") == "True"
+    )
 
 
 def test_stop_during_wait_ready_stops_the_server(kernel: Kernel) -> None:
