@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from dsv4lab.errors import HostError
 from dsv4lab.hosts.base import CommandResult, Follower, Host, LineStream, LogLine, PortForward, stream_argv
 
 __all__ = ["LocalHost"]
@@ -52,11 +53,17 @@ class LocalHost(Host):
         return Path(os.path.expanduser(path))
 
     def put_text(self, path: str, text: str, *, mode: int = 0o644) -> None:
+        """Write whole or not at all: a temp file renamed into place (a full disk leaves no half file)."""
         p = self._path(path)
         tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.chmod(mode)
-        tmp.replace(p)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            tmp.chmod(mode)
+            tmp.replace(p)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise HostError(f"cannot write {p} on {self.name}: {exc.strerror or exc}") from exc
 
     def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str | None:
         p = self._path(path)

@@ -14,17 +14,17 @@ import hashlib
 import os
 import select
 import shlex
-import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import paramiko
 
 from dsv4lab.errors import HostConnectionError, HostKeyError
-from dsv4lab.hosts.base import CommandResult, Follower, Host, LineStream, LogLine, PortForward, stream_argv
+from dsv4lab.hosts.base import CommandResult, Follower, Host, LineStream, PortForward
+from dsv4lab.hosts.ssh_channels import SSHFollower, SSHForwarder, SSHStream
 
 __all__ = ["SSHHost", "SSHTarget", "fingerprint", "resolve_target"]
 
@@ -39,6 +39,13 @@ _WRITE_FILE = 'umask 077; cat > "$1.tmp" && chmod "$2" "$1.tmp" && mv -f -- "$1.
 _READ_FILE = '[ -e "$1" ] || exit 44; if [ "$2" -gt 0 ]; then tail -c "$2" -- "$1"; else cat -- "$1"; fi'
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
+
+_CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError)
+T = TypeVar("T")
+
+
+class _Dropped(HostConnectionError):
+    """The connection died while a command or file operation was under way (its outcome is unknown)."""
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -141,12 +148,21 @@ class SSHHost(Host):
         self._sftp: paramiko.SFTPClient | None = None
         self._no_sftp = False
         self._lock = threading.Lock()
+        # One thread (re)connects at a time: a watcher, a GPU sampler and a port forward share the host.
+        self._conn_lock = threading.RLock()
+        #: How many times a closed or dropped connection was re-opened (not counting the first connect).
+        self.reconnects = 0
+        self._connected_once = False
         self.connect()
 
     # -- connection ----------------------------------------------------------------------------------------
 
     def connect(self) -> None:
         """(Re)connect; raises HostKeyError for key problems and HostConnectionError for the rest."""
+        with self._conn_lock:
+            self._connect()
+
+    def _connect(self) -> None:
         self.close()
         t = self.target
         sock: Any = None
@@ -208,17 +224,69 @@ class SSHHost(Host):
         if transport is not None:
             transport.set_keepalive(self.keepalive_s)
         self._client = client
+        if self._connected_once:
+            self.reconnects += 1
+        self._connected_once = True
 
     @property
     def transport(self) -> paramiko.Transport:
         """The live transport; a connection that was closed or dropped is re-opened once, on demand."""
-        if not self.connected:
-            self.connect()
-        client = self._client
-        transport = client.get_transport() if client is not None else None
-        if transport is None or not transport.is_active():
-            raise HostConnectionError(f"the SSH connection to {self.name} is closed")
-        return transport
+        with self._conn_lock:
+            if not self.connected:
+                self._connect()
+            client = self._client
+            transport = client.get_transport() if client is not None else None
+            if transport is None or not transport.is_active():
+                raise HostConnectionError(f"the SSH connection to {self.name} is closed")
+            return transport
+
+    def _reconnect_after(self, failed: paramiko.Transport) -> None:
+        """Re-open the connection if ``failed`` is still the current one (another thread may have already)."""
+        with self._conn_lock:
+            client = self._client
+            current = client.get_transport() if client is not None else None
+            if current is None or current is failed or not current.is_active():
+                self._connect()
+
+    def open_channel(
+        self,
+        what: str,
+        *,
+        kind: str = "session",
+        dest: tuple[str, int] | None = None,
+        src: tuple[str, int] | None = None,
+    ) -> paramiko.Channel:
+        """A new channel (a session, or ``direct-tcpip`` to ``dest``) for ``what``.
+
+        A connection that turns out to be dead here (dropped, a laptop that slept) is re-opened and the
+        open tried once more: nothing has run on the channel yet, so the retry cannot do anything twice.
+        """
+        for attempt in (1, 2):
+            transport = self.transport
+            try:
+                if kind == "session":
+                    return transport.open_session(timeout=self.connect_timeout_s)
+                return transport.open_channel(kind, dest, src, timeout=self.connect_timeout_s)
+            except _CONNECTION_ERRORS as exc:
+                if attempt == 2:
+                    raise HostConnectionError(
+                        f"cannot {what} on {self.name}: the SSH connection failed ({exc})"
+                    ) from exc
+                self._reconnect_after(transport)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _again(self, what: str, op: Callable[[], T]) -> T:
+        """Run an idempotent operation (reading or replacing a whole file); once more if the connection dropped
+        under it."""
+        try:
+            return op()
+        except _Dropped:
+            with contextlib.suppress(HostConnectionError):
+                self.connect()
+            try:
+                return op()
+            except _Dropped as exc:
+                raise HostConnectionError(f"the SSH connection to {self.name} dropped twice during {what}") from exc
 
     @property
     def connected(self) -> bool:
@@ -266,8 +334,8 @@ class SSHHost(Host):
         start = time.monotonic()
         deadline = start + timeout_s
         out, err = bytearray(), bytearray()
+        chan = self.open_channel(f"run `{shown}`")
         try:
-            chan = self.transport.open_session(timeout=min(timeout_s, self.connect_timeout_s))
             try:
                 chan.exec_command(wire)
                 if stdin is not None:
@@ -282,19 +350,23 @@ class SSHHost(Host):
                         out += chan.recv(65536)
                     while chan.recv_stderr_ready():
                         err += chan.recv_stderr(65536)
-                    if chan.exit_status_ready() and chan.eof_received:
+                    # A dropped transport closes its channels and marks them "exit status ready" with -1
+                    # (as does a command killed by a signal, but then the connection is still up).
+                    link = chan.get_transport()
+                    up = link is not None and link.is_active()
+                    if chan.exit_status_ready() and chan.eof_received and (chan.exit_status != -1 or up):
                         while chan.recv_ready():
                             out += chan.recv(65536)
                         while chan.recv_stderr_ready():
                             err += chan.recv_stderr(65536)
                         break
-                    if chan.closed and not chan.exit_status_ready():
-                        raise HostConnectionError(f"the SSH connection to {self.name} dropped during `{shown}`")
+                    if chan.closed or not up:
+                        raise _Dropped(f"the SSH connection to {self.name} dropped during `{shown}`")
                 status = chan.recv_exit_status()
             finally:
                 chan.close()
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostConnectionError(f"the SSH connection to {self.name} failed during `{shown}`: {exc}") from exc
+        except _CONNECTION_ERRORS as exc:
+            raise _Dropped(f"the SSH connection to {self.name} failed during `{shown}`: {exc}") from exc
         return status, bytes(out), bytes(err), time.monotonic() - start, False
 
     # -- files ---------------------------------------------------------------------------------------------
@@ -308,19 +380,34 @@ class SSHHost(Host):
         with self._lock:
             if self._no_sftp:
                 return None
+            sftp = self._sftp
+            if sftp is not None:
+                chan = sftp.get_channel()
+                if chan is None or chan.closed or not self.connected:  # left over from a dropped connection
+                    with contextlib.suppress(Exception):
+                        sftp.close()
+                    self._sftp = None
             if self._sftp is None:
+                chan = self.open_channel("open SFTP")  # proves the connection alive before asking for sftp
                 try:
-                    self._sftp = paramiko.SFTPClient.from_transport(self.transport)
-                except HostConnectionError:
-                    raise
-                except (paramiko.SSHException, OSError, EOFError):
+                    chan.invoke_subsystem("sftp")
+                    self._sftp = paramiko.SFTPClient(chan)
+                except _CONNECTION_ERRORS:
+                    chan.close()
                     if not self.connected:
-                        raise HostConnectionError(f"the SSH connection to {self.name} dropped") from None
+                        raise _Dropped(f"the SSH connection to {self.name} dropped") from None
                     self._no_sftp = True
                     return None
-                if self._sftp is None:
-                    self._no_sftp = True
             return self._sftp
+
+    def _sftp_error(self, what: str, exc: BaseException) -> HostConnectionError:
+        """An SFTP failure as an error: :class:`_Dropped` when the connection went away under it (the caller
+        retries), else the host's answer about the file."""
+        sftp = self._sftp
+        chan = sftp.get_channel() if sftp is not None else None
+        if not isinstance(exc, OSError) or chan is None or chan.closed or not self.connected:
+            return _Dropped(f"the SSH connection to {self.name} dropped during {what}: {exc}")
+        return HostConnectionError(f"cannot {what} on {self.name}: {exc}")
 
     @staticmethod
     def _sftp_path(path: str) -> str:
@@ -342,9 +429,12 @@ class SSHHost(Host):
         return status, out
 
     def put_text(self, path: str, text: str, *, mode: int = 0o644) -> None:
-        self._put_bytes(path, text.encode(), mode)
+        data = text.encode()
+        self._again(f"writing {path}", lambda: self._put_bytes(path, data, mode))
 
     def _put_bytes(self, path: str, data: bytes, mode: int) -> None:
+        """Write to ``path.tmp`` and rename into place: a reader never sees half a file, and a retry after a
+        dropped connection writes the whole file again."""
         sftp = self._sftp_client()
         target = self._sftp_path(path)
         tmp = target + ".tmp"
@@ -356,11 +446,11 @@ class SSHHost(Host):
                 f.write(data)
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, target)
-        except OSError as exc:
-            raise HostConnectionError(f"cannot write {path} on {self.name}: {exc}") from exc
+        except _CONNECTION_ERRORS as exc:
+            raise self._sftp_error(f"write {path}", exc) from exc
 
     def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str | None:
-        data = self._read_bytes(path, max_bytes)
+        data = self._again(f"reading {path}", lambda: self._read_bytes(path, max_bytes))
         return None if data is None else data.decode("utf-8", "replace")
 
     def _read_bytes(self, path: str, max_bytes: int | None) -> bytes | None:
@@ -376,13 +466,16 @@ class SSHHost(Host):
                 data: bytes = f.read()
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
+        except _CONNECTION_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENOENT:
                 return None
-            raise HostConnectionError(f"cannot read {path} on {self.name}: {exc}") from exc
+            raise self._sftp_error(f"read {path}", exc) from exc
         return data
 
     def put(self, local_path: str, remote_path: str) -> None:
+        self._again(f"copying {local_path} to {remote_path}", lambda: self._put_once(local_path, remote_path))
+
+    def _put_once(self, local_path: str, remote_path: str) -> None:
         sftp = self._sftp_client()
         if sftp is None:
             with open(local_path, "rb") as f:
@@ -390,10 +483,13 @@ class SSHHost(Host):
             return
         try:
             sftp.put(local_path, self._sftp_path(remote_path))
-        except OSError as exc:
-            raise HostConnectionError(f"cannot copy {local_path} to {self.name}:{remote_path}: {exc}") from exc
+        except _CONNECTION_ERRORS as exc:
+            raise self._sftp_error(f"copy {local_path} to {remote_path}", exc) from exc
 
     def get(self, remote_path: str, local_path: str) -> None:
+        self._again(f"copying {remote_path}", lambda: self._get_once(remote_path, local_path))
+
+    def _get_once(self, remote_path: str, local_path: str) -> None:
         sftp = self._sftp_client()
         if sftp is None:
             data = self._read_bytes(remote_path, None)
@@ -404,176 +500,15 @@ class SSHHost(Host):
             return
         try:
             sftp.get(self._sftp_path(remote_path), local_path)
-        except OSError as exc:
-            raise HostConnectionError(f"cannot copy {self.name}:{remote_path} to {local_path}: {exc}") from exc
+        except _CONNECTION_ERRORS as exc:
+            raise self._sftp_error(f"copy {remote_path} to {local_path}", exc) from exc
 
     def follow(self, path: str, from_offset: int = 0) -> Follower:
-        return _SSHFollower(self, path, from_offset)
+        return SSHFollower(self, path, from_offset)
 
     def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
-        return _SSHStream(self, argv, env)
+        return SSHStream(self, argv, env)
 
     def forward(self, remote_port: int) -> PortForward:
-        fwd = _Forwarder(self, remote_port)
+        fwd = SSHForwarder(self, remote_port)
         return PortForward(local_port=fwd.local_port, remote_port=remote_port, _closer=fwd)
-
-
-class _SSHFollower(Follower):
-    """``tail -F`` on one channel: new bytes arrive as the server writes them, no polling round trips."""
-
-    def __init__(self, host: SSHHost, path: str, offset: int) -> None:
-        super().__init__(offset)
-        self._host = host
-        quoted = shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
-        if path.startswith("~/"):
-            quoted = '"$HOME"/' + quoted
-        command = f"exec tail -c +{offset + 1} -F -- {quoted} 2>/dev/null"
-        try:
-            self._chan = host.transport.open_session(timeout=host.connect_timeout_s)
-            self._chan.exec_command("bash -c " + shlex.quote(command))
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostConnectionError(f"cannot follow {path} on {host.name}: {exc}") from exc
-
-    def poll(self, timeout_s: float) -> list[LogLine]:
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        while True:
-            try:
-                select.select([self._chan], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
-                data = bytearray()
-                while self._chan.recv_ready():
-                    data += self._chan.recv(1 << 16)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                raise HostConnectionError(f"lost the log stream from {self._host.name}: {exc}") from exc
-            if data:
-                lines = self._split(bytes(data))
-                if lines:
-                    return lines
-            elif self._chan.closed or self._chan.eof_received or not self._host.connected:
-                raise HostConnectionError(f"lost the log stream from {self._host.name}")
-            if time.monotonic() >= deadline:
-                return []
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._chan.close()
-
-
-class _SSHStream(LineStream):
-    """One exec channel for the command's whole life; EOF on its stdin is the wrapper's signal to stop it."""
-
-    def __init__(self, host: SSHHost, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
-        super().__init__()
-        self._host = host
-        wire = shlex.join(stream_argv(argv, env))
-        try:
-            self._chan = host.transport.open_session(timeout=host.connect_timeout_s)
-            self._chan.exec_command(wire)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostConnectionError(f"cannot start `{shlex.join(argv)}` on {host.name}: {exc}") from exc
-
-    def poll(self, timeout_s: float) -> list[str]:
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        chan = self._chan
-        while True:
-            try:
-                select.select([chan], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
-                data = bytearray()
-                while chan.recv_ready():
-                    data += chan.recv(1 << 16)
-                while chan.recv_stderr_ready():
-                    self._add_stderr(chan.recv_stderr(1 << 16))
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                raise HostConnectionError(f"lost the command stream from {self._host.name}: {exc}") from exc
-            if data:
-                lines = self._split(bytes(data))
-                if lines:
-                    return lines
-            elif (chan.exit_status_ready() and chan.exit_status != -1) or (
-                chan.eof_received and not chan.closed and self._host.connected
-            ):
-                # The command ended (exit_status says how), or its output ended and the status is on its way.
-                if time.monotonic() >= deadline:
-                    return []
-                time.sleep(0.01)
-                continue
-            elif chan.closed or not self._host.connected:
-                # paramiko marks a channel closed by a dropped transport "exit status ready" with -1.
-                raise HostConnectionError(f"lost the command stream from {self._host.name}")
-            if time.monotonic() >= deadline:
-                return []
-
-    @property
-    def exit_status(self) -> int | None:
-        status = self._chan.exit_status if self._chan.exit_status_ready() else -1
-        return None if status == -1 else status
-
-    def close(self, timeout_s: float = 1.0) -> None:
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        with contextlib.suppress(Exception):
-            self._chan.shutdown_write()
-            while not self._chan.exit_status_ready() and not self._chan.closed and time.monotonic() < deadline:
-                time.sleep(0.01)
-            while self._chan.recv_stderr_ready():
-                self._add_stderr(self._chan.recv_stderr(1 << 16))
-        with contextlib.suppress(Exception):
-            self._chan.close()
-
-
-class _Forwarder:
-    """A local listening socket whose connections are tunnelled to the host's loopback port."""
-
-    def __init__(self, host: SSHHost, remote_port: int) -> None:
-        self._host = host
-        self._remote_port = remote_port
-        self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._server.bind(("127.0.0.1", 0))
-        self._server.listen(64)
-        self._server.settimeout(0.5)
-        self.local_port: int = self._server.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, name=f"ssh-forward-{remote_port}", daemon=True)
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, addr = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._pump, args=(conn, addr), daemon=True).start()
-
-    def _pump(self, conn: socket.socket, addr: tuple[str, int]) -> None:
-        try:
-            chan = self._host.transport.open_channel(
-                "direct-tcpip", ("127.0.0.1", self._remote_port), addr, timeout=self._host.connect_timeout_s
-            )
-        except (paramiko.SSHException, OSError, EOFError, HostConnectionError):
-            conn.close()
-            return
-        try:
-            while not self._stop.is_set():
-                readable, _, _ = select.select([conn, chan], [], [], 0.5)  # type: ignore[type-var]
-                if conn in readable:
-                    data = conn.recv(1 << 16)
-                    if not data:
-                        break
-                    chan.sendall(data)
-                if chan in readable:
-                    data = chan.recv(1 << 16)
-                    if not data:
-                        break
-                    conn.sendall(data)
-        except (OSError, paramiko.SSHException, EOFError):
-            pass
-        finally:
-            chan.close()
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._server.close()
-        self._thread.join(timeout=2.0)
