@@ -12,12 +12,12 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dsv4lab.config import ServerConfig
-from dsv4lab.errors import DSV4LabError, HostSetupError, LaunchError, StaleServerError
+from dsv4lab.errors import DSV4LabError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, KillReport, LocalHost
 from dsv4lab.render import Target, render_env_file, render_launch_script
 from dsv4lab.rundir import RunLayout
@@ -38,6 +38,85 @@ __all__ = [
 ]
 
 HANDLE_FILE = "handle.json"
+
+T = TypeVar("T")
+
+
+def _retry(step: Callable[[], T]) -> T:
+    """Run an idempotent launch step; once more if the SSH connection dropped under it.
+
+    A host re-opens a connection it finds dead before running anything, so only a drop in the middle of a
+    step gets here; every step but the start itself can simply be done again.
+    """
+    try:
+        return step()
+    except HostConnectionError:
+        return step()
+
+
+# The launcher of one run dir, found by its PID file or, before it has written that, by its command line:
+# what a start whose answer was lost (a dropped connection, the user's Stop) may have left running.
+_FIND_LAUNCHER = r"""
+script=$1; pidfile=$2; tries=$3
+i=0
+while [ "$i" -lt "$tries" ]; do
+  if [ -s "$pidfile" ]; then cat -- "$pidfile"; exit 0; fi
+  found=$(ps -eww -o pid=,args= 2>/dev/null | awk -v want="bash $script" '
+    { line = $0; sub(/^ *[0-9]+ /, "", line)
+      if (line == want) { sub(/^ */, ""); split($0, a, " "); print a[1]; exit } }')
+  if [ -n "$found" ]; then echo "$found"; exit 0; fi
+  sleep 0.1
+  i=$((i + 1))
+done
+echo NONE
+"""
+
+
+def _find_launcher(host: Host, layout: RunLayout, *, wait_s: float, timeout_s: float) -> int | None:
+    """The PID of the launch script of ``layout`` if it was started (running or already ended), else None."""
+    tries = str(max(1, round(wait_s / 0.1)))
+    argv = ["bash", "-c", _FIND_LAUNCHER, "dsv4lab-find", layout.script, layout.launcher_pid, tries]
+    out = _retry(lambda: host.run(argv, timeout_s=timeout_s).check()).stdout.split()
+    return int(out[-1]) if out and out[-1].isdigit() else None
+
+
+def _start(host: Host, layout: RunLayout, run_dir: str, timeout_s: float) -> int:
+    """Start the launch script detached and return its PID — exactly once, even if the connection drops.
+
+    When the answer to the start is lost, the script may or may not be running: look for it (its PID file
+    or its command line) and adopt it, or start it if it never began. A Stop in that moment ends whatever
+    was started before the interrupt goes on.
+    """
+    try:
+        return _start_once(host, layout, run_dir, timeout_s)
+    except BaseException as exc:
+        if not isinstance(exc, HostConnectionError):
+            with contextlib.suppress(Exception):
+                pid = _find_launcher(host, layout, wait_s=0.5, timeout_s=timeout_s)
+                if pid is not None:
+                    host.kill_tree(pid, grace_s=2.0)
+        raise
+
+
+def _start_once(host: Host, layout: RunLayout, run_dir: str, timeout_s: float) -> int:
+    argv = ["bash", layout.script]
+    try:
+        return host.start_detached(argv, cwd=run_dir, timeout_s=timeout_s)
+    except HostConnectionError as exc:
+        lost = exc
+    for attempt in range(3):
+        try:
+            pid = _find_launcher(host, layout, wait_s=2.0, timeout_s=timeout_s)
+        except HostConnectionError as exc:
+            lost = exc
+            time.sleep(0.5 * (attempt + 1))
+            continue
+        return pid if pid is not None else host.start_detached(argv, cwd=run_dir, timeout_s=timeout_s)
+    raise HostConnectionError(
+        f"the SSH connection to {host.name} dropped while starting the server in {run_dir}, and the host could "
+        f"not be asked whether it started ({lost}). It may be running: its PID is in {layout.launcher_pid} on "
+        "the host; stop it with `kill -- -PID` there before launching on that port again"
+    )
 
 
 @dataclass
@@ -334,12 +413,12 @@ def launch(
     if python is None:
         python = sys.executable if target == "twin" and isinstance(host, LocalHost) else "python3"
     if check:
-        check_host(host, config, target=target, python=python, timeout_s=timeout_s)
-    run_dir = host.absolute_path(run_dir)
+        _retry(lambda: check_host(host, config, target=target, python=python, timeout_s=timeout_s))
+    run_dir = _retry(lambda: host.absolute_path(run_dir))
     layout = RunLayout(run_dir)
-    host.makedirs(run_dir, timeout_s=timeout_s)
+    _retry(lambda: host.makedirs(run_dir, timeout_s=timeout_s))
     previous = _read_handle(host, run_dir)
-    if previous is not None and host.is_alive(int(previous["launcher_pid"])):
+    if previous is not None and _retry(lambda: host.is_alive(int(previous["launcher_pid"]))):
         if not replace_stale:
             raise LaunchError(
                 f"run dir {run_dir} on {host.name} already has a running server (launcher PID "
@@ -347,21 +426,23 @@ def launch(
             )
         host.kill_tree(int(previous["launcher_pid"]), grace_s=10.0)
     try:
-        reserve_port(host, config.port, run_dir, timeout_s=timeout_s)
+        _retry(lambda: reserve_port(host, config.port, run_dir, timeout_s=timeout_s))
     except StaleServerError as exc:
         if not replace_stale or not exc.pids:
             raise
         host.kill_tree(exc.pids[0], grace_s=10.0)
-        reserve_port(host, config.port, run_dir, timeout_s=timeout_s)
+        _retry(lambda: reserve_port(host, config.port, run_dir, timeout_s=timeout_s))
     try:
-        listening, pids = find_listener(host, config.port, timeout_s=timeout_s)
+        listening, pids = _retry(lambda: find_listener(host, config.port, timeout_s=timeout_s))
         if listening:
             if not replace_stale or not pids:
                 raise StaleServerError(host.name, config.port, pids)
             for pid in pids:
                 host.kill_tree(pid, grace_s=10.0)
-        with contextlib.suppress(DSV4LabError):  # an old marker would make the new server's death a "stop"
-            host.run(["rm", "-f", "--", layout.stopped], timeout_s=timeout_s)
+        # An old stop marker would make the new server's death a "stop"; an old launcher.pid would be taken
+        # for this launch's if the connection dropped while starting it.
+        old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]
+        _retry(lambda: host.run(old, timeout_s=timeout_s).check())
         host.put_text(layout.config_file, config.to_toml())
         host.put_text(layout.env_file, render_env_file(config))
         script = render_launch_script(
@@ -369,24 +450,33 @@ def launch(
         )
         host.put_text(layout.script, script, mode=0o755)
         started = time.time()
-        pid = host.start_detached(["bash", layout.script], cwd=run_dir, timeout_s=timeout_s)
+        pid = _start(host, layout, run_dir, timeout_s)
     except BaseException:
         with contextlib.suppress(Exception):
             release_port(host, config.port, run_dir)
         raise
-    host.run(["bash", "-c", _CLAIM_PORT, "dsv4lab-port", str(config.port), run_dir, str(pid)], timeout_s=timeout_s)
-    handle = ServerHandle(
-        host,
-        config,
-        run_dir,
-        pid,
-        started,
-        target,
-        release.version,
-        config.node_rank,
-        {"twin_env": dict(twin_env or {}), "python": python},
-    )
-    host.put_text(f"{run_dir}/{HANDLE_FILE}", json.dumps(handle.to_dict(), indent=2))
+    try:
+        claim = ["bash", "-c", _CLAIM_PORT, "dsv4lab-port", str(config.port), run_dir, str(pid)]
+        _retry(lambda: host.run(claim, timeout_s=timeout_s))
+        handle = ServerHandle(
+            host,
+            config,
+            run_dir,
+            pid,
+            started,
+            target,
+            release.version,
+            config.node_rank,
+            {"twin_env": dict(twin_env or {}), "python": python},
+        )
+        host.put_text(f"{run_dir}/{HANDLE_FILE}", json.dumps(handle.to_dict(), indent=2))
+    except BaseException:
+        # Without handle.json nothing could find this server again: it must not outlive the failed launch.
+        with contextlib.suppress(Exception):
+            host.kill_tree(pid, grace_s=2.0)
+        with contextlib.suppress(Exception):
+            release_port(host, config.port, run_dir)
+        raise
     return handle
 
 
