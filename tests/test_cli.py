@@ -94,18 +94,6 @@ def test_fields_lists_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "speculative.num_draft_tokens" in out and "mem_fraction_static" in out
 
 
-def test_demo_writes_and_prints_its_path(tmp_path: Path) -> None:
-    # The campaign itself is tested in test_story.py; here the command and the real-host scripts.
-    proc = run_cli("demo", "--out", str(tmp_path), "--scripts-only")
-    assert proc.returncode == 0, proc.stderr
-    out = Path(proc.stdout.strip().splitlines()[-1].rsplit(": ", 1)[1])
-    assert out.parent == tmp_path.resolve()
-    assert (out / "real-host" / "README.md").exists()
-    script = (out / "real-host" / "2-config-b" / "launch.sh").read_text()
-    assert "--speculative-num-draft-tokens 2" in script
-    assert run_cli("demo", "--repeats", "2", "--scripts-only", "--out", str(tmp_path)).returncode == 2
-
-
 def test_preflight_json_contract() -> None:
     proc = run_cli("preflight", "--preset", "config_b", "--json", "--concurrency", "16")
     assert proc.returncode == 0, proc.stderr
@@ -141,31 +129,3 @@ def test_preflight_set_and_hardware() -> None:
     assert bad.stderr.strip() == "Error: hardware='a100' is not valid: one of rtx-pro-6000-x8, h200-x8, tiny"
 
 
-def test_sigterm_stops_the_servers_a_demo_started(tmp_path: Path) -> None:
-    import os
-    import signal
-    import time
-
-    import psutil
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dsv4lab", "demo", "--out", str(tmp_path), "--time-scale", "0.02"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(tmp_path.glob("demo-*/runs/config-a/server.pid")):
-        time.sleep(0.1)
-    time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
-    assert proc.returncode == 130
-    assert list(tmp_path.glob("demo-*/README.md")), "the report is still written"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-        if not left:
-            break
-        time.sleep(0.2)
-    assert not left, f"servers left running: {[p.pid for p in left]}"

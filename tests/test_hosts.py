@@ -76,7 +76,11 @@ TREE = "sleep 300 & sleep 300 & (sleep 300 & wait) & wait"
 def test_detached_tree_is_alive_then_killed_without_orphans(any_host: Host, tmp_path: Path) -> None:
     pid = any_host.start_detached(["bash", "-c", TREE], cwd=str(tmp_path))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(psutil.Process(pid).children(recursive=True)) < 4:
+
+    def sleeps() -> int:  # the tree is settled once every `sleep` has been exec'd (forks come first, as bash)
+        return sum(1 for c in psutil.Process(pid).children(recursive=True) if c.name() == "sleep")
+
+    while time.monotonic() < deadline and sleeps() < 3:
         time.sleep(0.05)
     tree = [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
     assert len(tree) >= 5

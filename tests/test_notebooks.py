@@ -248,6 +248,12 @@ def test_a_rerun_resumes_instead_of_redoing(campaign: Campaign) -> None:
     assert Path(out.stdout.strip().splitlines()[-1]) == campaign.index
 
 
+def test_make_demo_is_the_campaign_and_prints_its_index_last(campaign: Campaign) -> None:
+    out = _cli(["demo", "--reports", "reports", "--time-scale", TEST_SCALE], env=campaign.env, cwd=campaign.workdir)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip().splitlines()[-1]) == campaign.index  # resumed: every step reused
+
+
 def test_one_notebook_from_the_installed_copy(campaign: Campaign, tmp_path: Path) -> None:
     b_dir = campaign.figures["b"]["server_dir"]
     out = _cli(
