@@ -19,7 +19,10 @@ Phases, each for dsv4lab's client and, side by side, SGLang's own ``bench_servin
 venv ``make test`` builds, run through ``benchmarks/sglang_peer.py``; never a project dependency):
 
 1. capacity — 64 concurrent streams of 512 tokens sent as fast as the client reads: requests/s and
-   streamed tokens/s the client sustains on one core;
+   streamed tokens/s the client sustains on one core, and streamed tokens per CPU-second of the client (its
+   CPU time sampled every 50 ms and read between the first measured request's arrival and the last token's
+   send, on the server's clock: imports, start-up and warmup are outside it for both clients; on a shared
+   machine a client may get less than its core, which this figure allows for);
 2. timing — 64 concurrent streams paced at TTFT 50 ms / ITL 10 ms: measured TTFT minus the server's TTFT
    (first send − request arrival) and measured ITL minus the true send gap, per chunk.
 
@@ -442,8 +445,8 @@ def main() -> int:
     for key, label, fmt in (
         ("req_s", "  requests/s", "{:.1f}"),
         ("tok_s", "  streamed tokens/s", "{:.0f}"),
-        ("client_cpu", "  client CPU, first request to last token (cores)", "{:.2f}"),
-        ("tok_per_cpu_s", "  streamed tokens per client CPU-second", "{:.0f}"),
+        ("client_cpu", "  client CPU in the run (cores)", "{:.2f}"),
+        ("tok_per_cpu_s", "  streamed tokens per client CPU-s", "{:.0f}"),
         ("server_cpu", "  server CPU, all processes (cores)", "{:.2f}"),
         ("server_busiest", "  server CPU, busiest process (cores)", "{:.2f}"),
     ):

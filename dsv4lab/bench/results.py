@@ -377,7 +377,10 @@ def _result_html(r: BenchResult) -> str:
     where = f"{p.engine} {p.engine_version or ''}".strip()
     c = r.concurrency if r.concurrency is not None else "unlimited"
     rate = "" if math.isinf(r.request_rate) else f", {r.request_rate:g} req/s"
-    head = hv.p(f"against {p.url} ({where}, {p.api} API, client {p.backend}); concurrency {c}{rate}, repeat {r.repeat}")
+    head = hv.p(
+        f"against {p.url} ({where}, {p.api} API, client {p.backend}); concurrency {c}{rate}, repeat {r.repeat}; "
+        f"TTFT clock {r.ttft_clock}, ITL per {r.itl_unit}"
+    )
     warn = ""
     if r.partial:
         warn = hv.p(f"Partial result: {r.abort_reason or 'run aborted'}") + (

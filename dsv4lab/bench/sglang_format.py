@@ -224,6 +224,7 @@ def serving_block(result: BenchResult) -> str:
     """bench_serving's printed result block (0.5.23 labels, two decimals) for ``result``."""
     s, p = result.summary, result.provenance
     rate: object = result.request_rate
+    peak_tokens, peak_requests = _bucket_peaks(result)
     lines = [
         "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
         _line("Backend:", BACKEND_OF_API.get(p.api, p.api)),
@@ -237,8 +238,8 @@ def serving_block(result: BenchResult) -> str:
         _line("Request throughput (req/s):", s.request_throughput, ".2f"),
         _line("Input token throughput (tok/s):", s.input_throughput, ".2f"),
         _line("Output token throughput (tok/s):", s.output_throughput, ".2f"),
-        _line("Peak output token throughput (tok/s):", _bucket_peaks(result)[0], ".2f"),
-        _line("Peak concurrent requests:", _bucket_peaks(result)[1]),
+        _line("Peak output token throughput (tok/s):", peak_tokens, ".2f"),
+        _line("Peak concurrent requests:", peak_requests),
         _line("Total token throughput (tok/s):", s.total_throughput, ".2f"),
         _line("Concurrency:", s.concurrency, ".2f"),
     ]
