@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dsv4lab.logs.classify import LineKind, classify_line
 from dsv4lab.logs.detect import detect_engine, engine_votes
-from dsv4lab.logs.runs import Diagnosis, Outcome, diagnose, diagnose_events
 from dsv4lab.logs.errors import LogError
 from dsv4lab.logs.events import (
     Capacity,
@@ -40,6 +39,7 @@ from dsv4lab.logs.events import (
 from dsv4lab.logs.fixes import Fix, MemoryFacts
 from dsv4lab.logs.frames import decode_frame, events_frame, memory_frame, prefill_frame
 from dsv4lab.logs.parse import LogParser, parse_line, parse_log
+from dsv4lab.logs.runs import Diagnosis, Outcome, diagnose, diagnose_events
 from dsv4lab.logs.serverargs import parse_server_args
 from dsv4lab.logs.source import iter_lines
 
