@@ -7,7 +7,6 @@ while the rules that fill it change as more real logs are read. ``to_dict()`` is
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -76,15 +75,16 @@ class Diagnosis:
         }
 
     def _repr_html_(self) -> str:
-        colour = {
-            Outcome.READY: "#1a7f37",
-            Outcome.OOM: "#cf222e",
-            Outcome.CRASH: "#cf222e",
-            Outcome.STALLED: "#9a6700",
-            Outcome.UNKNOWN: "#57606a",
-        }[self.outcome]
-        e = html.escape
-        rows = [
+        from dsv4lab import htmlview as hv
+
+        states: dict[Outcome, hv.State] = {
+            Outcome.READY: "ok",
+            Outcome.OOM: "fail",
+            Outcome.CRASH: "fail",
+            Outcome.STALLED: "warn",
+            Outcome.UNKNOWN: "info",
+        }
+        rows: list[tuple[str, object]] = [
             ("engine", self.engine.value if self.engine else "—"),
             ("phase", self.phase.value if self.phase else "—"),
             ("confidence", f"{self.confidence:.2f}" + (" (log truncated)" if self.truncated else "")),
@@ -98,18 +98,15 @@ class Diagnosis:
         ):
             if value is not None:
                 rows.append((label, f"{value:.2f} GiB"))
-        table = "".join(f"<tr><th style='text-align:left'>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows)
-        fixes = "".join(f"<li><code>{e(f.change)}</code> — {e(f.why)}</li>" for f in self.fixes)
-        notes = "".join(f"<li>{e(n)}</li>" for n in self.notes)
-        evidence = e("\n".join(self.evidence))
-        return (
-            f"<div><p><b style='color:{colour}'>{e(self.outcome.value.upper())}</b> {e(self.cause)}</p>"
-            f"<table>{table}</table>"
-            + (f"<p><b>Fixes</b></p><ol>{fixes}</ol>" if fixes else "")
-            + (f"<p><b>Notes</b></p><ul>{notes}</ul>" if notes else "")
-            + (f"<details><summary>evidence ({len(self.evidence)} lines)</summary><pre>{evidence}</pre></details>")
-            + "</div>"
-        )
+        body = hv.p(self.cause) + hv.kv_table(rows)
+        if self.fixes:
+            fixes = [{"change": hv.raw(f"<code>{hv.esc(f.change)}</code>"), "why": f.why} for f in self.fixes]
+            body += hv.p("Fixes") + hv.table(fixes, max_rows=8)
+        for note in self.notes:
+            body += hv.p(f"Note: {note}")
+        if self.evidence:
+            body += hv.fold(list(self.evidence), keep=12, summary=f"earlier evidence ({len(self.evidence)} lines)")
+        return hv.card("diagnosis", body, state=states[self.outcome], status=self.outcome.value.upper())
 
 
 def _round(v: float | None) -> float | None:
