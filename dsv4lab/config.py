@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import sys
 import types
@@ -311,6 +312,7 @@ class ServerConfig:
             _check_host_port("dist_init_addr", self.dist_init_addr)
         if self.tp % self.nnodes != 0:
             raise ConfigError("tp", self.tp, f"a multiple of nnodes={self.nnodes} (each node runs tp/nnodes ranks)")
+        self._check_heads()
         for key, value in self.env.items():
             if not _ENV_NAME.match(key):
                 raise ConfigError("env", key, "variable names of letters, digits and _, not starting with a digit")
@@ -325,6 +327,19 @@ class ServerConfig:
             if not self.kernel_config_dir.strip():
                 raise ConfigError("kernel_config_dir", self.kernel_config_dir, "a non-empty path or unset")
         _validate_extra_args(self.extra_args)
+
+    def _check_heads(self) -> None:
+        """A tp that does not divide a known model's attention heads is refused here, not on the host.
+
+        SGLang splits the heads evenly over the attention tensor-parallel ranks (tp, or tp/dp with
+        ``--enable-dp-attention``) and stops at weight loading when they do not divide; the profile's head
+        count lets a typo like tp=3 fail with that reason before anything is launched.
+        """
+        from dsv4lab.hardware import known_model  # local: hardware is data, loaded only when needed
+
+        model = known_model(self.model_path)
+        if model is not None:
+            model.check_tp(self.tp, dp=self.dp, dp_attention="--enable-dp-attention" in self.extra_args)
 
     # -- conveniences -----------------------------------------------------------------------------
 
@@ -381,8 +396,17 @@ class ServerConfig:
             data[key] = list(value) if isinstance(value, tuple) else value
         return ServerConfig.from_dict(data)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data (lists, dicts, scalars), unset fields omitted: the TOML/JSON form."""
+    def to_dict(self, *, redact: bool = False) -> dict[str, Any]:
+        """Plain data (lists, dicts, scalars), unset fields omitted: the TOML/JSON form.
+
+        ``redact`` replaces secret values (``env.HF_TOKEN``, ``--api-key ...``; :mod:`dsv4lab.secrets`) with
+        a placeholder: the form for files people read (``config.toml`` and ``handle.json`` in a run dir).
+        """
+        if redact:
+            from dsv4lab.secrets import collect_secrets, redact_data
+
+            data: dict[str, Any] = redact_data(self.to_dict(), collect_secrets(self))
+            return data
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -416,8 +440,8 @@ class ServerConfig:
             kwargs["speculative"] = _spec_from_dict(kwargs["speculative"])
         return cls(**kwargs)
 
-    def to_toml(self) -> str:
-        return tomli_w.dumps(self.to_dict())
+    def to_toml(self, *, redact: bool = False) -> str:
+        return tomli_w.dumps(self.to_dict(redact=redact))
 
     @classmethod
     def from_toml(cls, text: str) -> ServerConfig:
@@ -427,8 +451,8 @@ class ServerConfig:
             raise ConfigError("toml", text[:60], "valid TOML", detail=str(exc)) from exc
         return cls.from_dict(data)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+    def to_json(self, *, redact: bool = False) -> str:
+        return json.dumps(self.to_dict(redact=redact), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> ServerConfig:
@@ -524,14 +548,25 @@ def diff(a: ServerConfig, b: ServerConfig) -> ConfigDiff:
 
 
 def save(config: ServerConfig, path: str | Path) -> Path:
-    """Write as TOML (``.toml``) or JSON (``.json``), chosen by suffix."""
+    """Write as TOML (``.toml``) or JSON (``.json``), chosen by suffix.
+
+    The file is the user's own config, secrets included (it must launch as written), so it is made
+    private (0600) when it holds one; files dsv4lab writes for people use ``to_toml(redact=True)``.
+    """
     p = Path(path)
     if p.suffix == ".toml":
-        p.write_text(config.to_toml(), encoding="utf-8")
+        text = config.to_toml()
     elif p.suffix == ".json":
-        p.write_text(config.to_json() + "\n", encoding="utf-8")
+        text = config.to_json() + "\n"
     else:
         raise ConfigError("path", str(p), "a file name ending in .toml or .json")
+    if config.to_dict(redact=True) == config.to_dict():
+        p.write_text(text, encoding="utf-8")
+        return p
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
     return p
 
 
@@ -542,6 +577,8 @@ def load(path: str | Path) -> ServerConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("path", str(p), "a readable .toml or .json file", detail=exc.strerror or "") from exc
+    except UnicodeDecodeError:
+        raise ConfigError("path", str(p), "a readable .toml or .json file", detail="not UTF-8 text") from None
     if p.suffix == ".toml":
         return ServerConfig.from_toml(text)
     if p.suffix == ".json":

@@ -22,6 +22,7 @@ __all__ = [
     "ModelProfile",
     "TimingCoefficients",
     "hardware_profile",
+    "known_model",
     "model_profile",
 ]
 
@@ -160,6 +161,8 @@ class ModelProfile:
     spec_algorithms: tuple[str, ...] = ("EAGLE", "NEXTN", "DSPARK")
     #: Mean tokens accepted per verify step for one draft token (1 + alpha).
     mtp_accept_mean: float = 1.7
+    #: Attention heads [F]: SGLang shards them evenly over the TP ranks, so tp must divide them (0 = unknown).
+    attention_heads: int = 0
 
     def weights_gib(self, tp: int) -> float:
         return self.sharded_weights_gib / tp + self.replicated_weights_gib
@@ -169,6 +172,27 @@ class ModelProfile:
 
     def with_graphs(self, graphs: GraphCoefficients) -> ModelProfile:
         return replace(self, graphs=graphs)
+
+    def check_tp(self, tp: int, *, dp: int = 1, dp_attention: bool = False) -> None:
+        """Refuse a tp whose attention ranks do not divide the heads, with SGLang's reason.
+
+        SGLang shards the attention heads evenly over the attention tensor-parallel ranks (tp, or tp/dp
+        with ``--enable-dp-attention``) and stops at weight loading when they do not divide; checking it
+        here turns tp=3 on a 128-head model into an error before anything is launched.
+        """
+        heads = self.attention_heads
+        attn_tp = tp // dp if dp_attention and dp > 0 and tp % dp == 0 else tp
+        if not heads or attn_tp < 1 or heads % attn_tp == 0:
+            return
+        ok = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
+        what = "tp / dp (the attention TP with --enable-dp-attention)" if dp_attention else "tp"
+        raise ConfigError(
+            "tp",
+            tp,
+            f"a {what} that divides the {heads} attention heads of {self.name}: {ok}",
+            detail=f"SGLang shards the attention heads evenly over the tensor-parallel ranks; {heads} heads do "
+            f"not split over {attn_tp}",
+        )
 
 
 RTX_PRO_6000 = GPUSpec(
@@ -272,6 +296,7 @@ MODELS: dict[str, ModelProfile] = {
         dense_bytes_per_step=1.5e9,
         kv_read_fixed_bytes=43 * 128 * 584 + 512 * 584 * 21,
         kv_read_bytes_per_context_token=132 / 4 * 21 + 584 / 128 * 20,
+        attention_heads=128,
     ),
     "tiny-moe": ModelProfile(
         name="tiny-moe",
@@ -294,6 +319,7 @@ MODELS: dict[str, ModelProfile] = {
         dense_bytes_per_step=5e7,
         kv_read_fixed_bytes=1e5,
         kv_read_bytes_per_context_token=50.0,
+        attention_heads=16,
     ),
 }
 
@@ -305,6 +331,14 @@ def hardware_profile(name: str) -> HardwareProfile:
         return HARDWARE[name]
     except KeyError:
         raise ConfigError("hardware", name, f"one of {', '.join(HARDWARE)}") from None
+
+
+def known_model(name_or_path: str) -> ModelProfile | None:
+    """The profile of a model path if dsv4lab knows the model, else None (any other model is allowed)."""
+    try:
+        return model_profile(name_or_path)
+    except ConfigError:
+        return None
 
 
 def model_profile(name_or_path: str) -> ModelProfile:

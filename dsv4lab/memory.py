@@ -26,6 +26,7 @@ __all__ = [
     "ResolvedSettings",
     "Suggestion",
     "capture_batch_sizes",
+    "check_plan",
     "default_mem_fraction_static",
     "graph_needs",
     "preflight",
@@ -373,6 +374,7 @@ def preflight(
     """Predict the startup of ``config`` on ``hardware``: per-GPU split, fits or not, where and by how much."""
     hw, m = _as_profiles(hardware, model, config)
     release = resolve_release(sglang_version, warn=False)
+    m.check_tp(config.tp, dp=config.dp, dp_attention="--enable-dp-attention" in config.extra_args)
     gpus_needed = config.tp * config.dp // config.nnodes
     if gpus_needed > hw.count:
         raise ConfigError(
@@ -470,6 +472,15 @@ class Suggestion:
         return {"changes": dict(self.changes), "why": self.why, "headroom_gib": _r(self.preflight.min_headroom_gib)}
 
 
+def check_plan(concurrency: int | None, context_len: int | None, margin_gib: float = DEFAULT_MARGIN_GIB) -> None:
+    """The serving plan a suggestion is sized for: each refused by name when it cannot be one."""
+    for name, value in (("concurrency", concurrency), ("context_len", context_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(name, value, "an integer >= 1, or unset")
+    if not (isinstance(margin_gib, (int, float)) and math.isfinite(margin_gib) and margin_gib >= 0):
+        raise ConfigError("margin_gib", margin_gib, "a non-negative number of GiB")
+
+
 def suggest(
     config: ServerConfig,
     hardware: HardwareProfile | str = "rtx-pro-6000-x8",
@@ -486,8 +497,7 @@ def suggest(
     are never replayed, so a cap at the first captured size >= concurrency costs nothing. The KV pool
     must still hold ``concurrency x context_len`` tokens (context defaults to 8,192).
     """
-    if margin_gib < 0:
-        raise ConfigError("margin_gib", margin_gib, "a non-negative number of GiB")
+    check_plan(concurrency, context_len, margin_gib)
     hw, m = _as_profiles(hardware, model, config)
     release = resolve_release(sglang_version, warn=False)
     base = preflight(config, hw, m, sglang_version=release)

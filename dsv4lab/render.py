@@ -89,8 +89,24 @@ def render_argv(config: ServerConfig, sglang_version: str | SGLangRelease | None
                 f"it accepts {', '.join(release.kv_cache_dtypes)}, not {value}",
             )
         add(name, value)
+    _refuse_placeholder("extra_args", config.extra_args)
     argv.extend(config.extra_args)
     return argv
+
+
+def _refuse_placeholder(field: str, values: Sequence[str]) -> None:
+    """A config read back from a redacted file (``config.toml``, ``handle.json``) holds the placeholder where
+    a secret was: sending that to the server as a token would fail later and more confusingly."""
+    from dsv4lab.secrets import REDACTED
+
+    for value in values:
+        if REDACTED in value:
+            raise ConfigError(
+                field,
+                value,
+                f"the real value, not the {REDACTED} placeholder of a redacted file: set it again "
+                "(--set env.HF_TOKEN=...) or source it from one of env_files on the host",
+            )
 
 
 def server_command(
@@ -108,7 +124,13 @@ def server_command(
 
 
 def render_env_file(config: ServerConfig) -> str:
-    """A shell file of ``export NAME=value`` lines (like the story's ``dsv4_nccl_env.sh``)."""
+    """A shell file of ``export NAME=value`` lines (like the story's ``dsv4_nccl_env.sh``).
+
+    The one file of a run dir that keeps secret values (``HF_TOKEN``): the server needs them. ``launch``
+    writes it 0600 in a 0700 run dir and nothing copies it unredacted (:mod:`dsv4lab.secrets`).
+    """
+    for name, value in config.env.items():
+        _refuse_placeholder(f"env.{name}", [value])
     lines = [
         "# Server environment rendered by dsv4lab from the config's env table.",
         "# Sourced by launch.sh after the user's own env files, so these values win.",
@@ -154,6 +176,8 @@ def render_launch_script(
         "# launcher.pid and launcher.exit (this script).",
         "set -euo pipefail",
         "",
+        "# Everything this script and the server create (log, PID files, traces) is private to the user.",
+        "umask 077",
         f"RUN_DIR={_q_path(run_dir)}",
         f"LOG={_q_path(layout.log)}",
         "# The script's own errors (a missing env file, say) go to the log too: they are evidence.",
@@ -221,6 +245,7 @@ def _kernel_config_install(kernel_dir: str, python: str) -> list[str]:
     return [
         "# Tuned FP8 block-GEMM kernel configs: SGLang reads them only from its own configs directory.",
         f"KERNEL_CONFIG_DIR={_q_path(kernel_dir)}",
+        "umask 022  # the installed configs stay readable like the rest of SGLang's package",
         f"SGLANG_CONFIG_DIR=$({shlex.quote(python)} - <<'PY'",
         *_FIND_CONFIG_DIR.splitlines(),
         "PY",
@@ -229,4 +254,5 @@ def _kernel_config_install(kernel_dir: str, python: str) -> list[str]:
         '  [ -e "$f" ] || { echo "dsv4lab: no N=*.json kernel configs in $KERNEL_CONFIG_DIR" >> "$LOG"; break; }',
         '  cp -f -- "$f" "$SGLANG_CONFIG_DIR"/',
         "done",
+        "umask 077",
     ]

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dsv4lab.config import (
@@ -287,3 +288,34 @@ def test_html_repr_lists_fields_with_help() -> None:
     html = config_b()._repr_html_()
     assert "speculative.num_draft_tokens" in html and "mem_fraction_static" in html
     assert "share of free GPU memory" in html
+
+
+def _as_text(value: Any) -> str:
+    """A value as a user types it after ``--set field=``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _typed_back_exactly(value: Any) -> bool:
+    """Text that ``none`` or list splitting would read differently (documented: ``none`` unsets, lists split
+    at commas and spaces) is left out; everything else must come back as it was."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("none", "null", "unset", "") and value == value.strip()
+    if isinstance(value, list):
+        return all(not isinstance(v, str) or not re.search(r"[,\s\[\]]", v) for v in value) and bool(value)
+    return True
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(), configs())
+def test_a_diff_typed_as_overrides_turns_one_config_into_the_other(a: ServerConfig, b: ServerConfig) -> None:
+    changes = diff(a, b)
+    assume(all(_typed_back_exactly(c.after) for c in changes))
+    assert a.with_overrides({c.field: _as_text(c.after) for c in changes}) == b
+    assert a.with_values({c.field: c.after for c in changes}) == b
+    assert a.with_values({c.field.replace(".", "__"): c.after for c in changes}) == b

@@ -334,3 +334,37 @@ def test_hostile_values_never_run_and_argv_comes_back_identical(
     assert record["argv"] == render_argv(config)
     assert record["env"] == {"DSV4T_VALUE": env_value, "DSV4T_FROM_FILE": "yes"}
     assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
+
+
+_any_line = st.text(st.characters(codec="utf-8", exclude_characters="\x00\n\r"), min_size=1, max_size=24).filter(
+    lambda s: s.strip() != ""
+)
+_any_value = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=24).filter(
+    lambda s: "[redacted]" not in s  # the placeholder of a redacted file is refused on purpose
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    model=_any_line,
+    name=_any_line,
+    env=st.dictionaries(st.from_regex(r"DSV4T_[A-Za-z0-9_]{1,8}", fullmatch=True), _any_value, max_size=4),
+    extra=_any_value,
+)
+def test_arbitrary_values_reach_the_server_byte_for_byte(
+    tmp_path: Path, model: str, name: str, env: dict[str, str], extra: str
+) -> None:
+    """Any text at all (unicode, quotes, spaces, a leading dash, newlines in env values) in every field that
+    reaches the command line or the environment arrives exactly as given, and nothing runs."""
+    base = tmp_path / "case"
+    if base.exists():
+        shutil.rmtree(base)
+    base.mkdir()
+    config = ServerConfig(
+        model_path=model, served_model_name=name, env=env, extra_args=(f"--attention-backend={extra}",)
+    )
+    code, record = _run_script(config, base / "run")
+    assert code == 0, record
+    assert record["argv"] == render_argv(config)
+    assert record["env"] == env
+    assert not list(tmp_path.rglob("PWNED"))
