@@ -27,7 +27,15 @@ from dsv4lab.bench.results import to_jsonable
 from dsv4lab.config import ServerConfig
 from dsv4lab.errors import ConfigError
 
-__all__ = ["RESULTS_FILE", "Experiment", "md", "parse_overrides", "read_results", "write_json_atomic"]
+__all__ = [
+    "RESULTS_FILE",
+    "Experiment",
+    "check_experiment_parameters",
+    "md",
+    "parse_overrides",
+    "read_results",
+    "write_json_atomic",
+]
 
 RESULTS_FILE = "results.json"
 
@@ -105,7 +113,7 @@ class Experiment:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             path = Path("reports") / f"{stamp}-interactive"
             object.__setattr__(self, "run_dir", str(path.resolve()))
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return path.resolve()
 
     def lab(self, *, progress: bool = True) -> Any:
@@ -183,19 +191,89 @@ class Experiment:
         return out
 
 
-def parse_overrides(text: str) -> dict[str, str]:
-    """``"mem_fraction_static=0.6 cuda_graph_max_bs=16"`` (spaces or commas) as field -> text value."""
+def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = "") -> None:
+    """Everything about a notebook's parameters that can be known before a kernel starts, checked now.
+
+    The runner calls this with every parameter the run will use (defaults included), before it makes a run
+    dir: the values :class:`Experiment` checks, and what they name — the hardware profile, the SGLang
+    release, the preset, the overrides (and a ``fix``) applied to it (an unknown field, ``tp=3`` on a
+    128-head model, a fraction of 1.5, more GPUs than the hardware has), and run dirs of earlier steps
+    (``*_run_dir``) that must exist. Each failure is one :class:`ConfigError` naming the parameter.
+    """
+    from dsv4lab.errors import DSV4LabError
+    from dsv4lab.hardware import hardware_profile
+    from dsv4lab.memory import preflight
+    from dsv4lab.presets import PRESETS
+    from dsv4lab.presets import preset as get_preset
+    from dsv4lab.versions import resolve_release
+
+    where = f" of {notebook}" if notebook else ""
+
+    def named(name: str, exc: DSV4LabError) -> ConfigError:
+        """``exc`` under the parameter's name; a config field it names is kept in the message."""
+        if isinstance(exc, ConfigError):
+            inner = exc.field.removeprefix("parameter ")
+            allowed = exc.allowed if inner == name else f"{inner}={exc.value!r} is not valid: {exc.allowed}"
+            return ConfigError(f"parameter {name}{where}", params.get(name), allowed, detail=exc.detail)
+        return ConfigError(f"parameter {name}{where}", params.get(name), str(exc))
+
+    values: dict[str, Any] = {}
+    for name in sorted(({f.name for f in fields(Experiment)} - {"extra"}) & set(params)):
+        try:
+            values[name] = _coerce(name, params[name], Experiment.__dataclass_fields__[name].default)
+        except ConfigError as exc:
+            raise named(name, exc) from None
+    try:
+        exp = Experiment(**values)
+        hardware_profile(exp.hardware)
+    except ConfigError as exc:
+        raise named(exc.field, exc) from None
+    if exp.sglang_version:
+        try:
+            resolve_release(exp.sglang_version, warn=False)
+        except DSV4LabError as exc:
+            raise named("sglang_version", exc) from None
+    if exp.preset not in PRESETS:
+        raise ConfigError(f"parameter preset{where}", exp.preset, f"a preset: {', '.join(PRESETS)}")
+    if not {"preset", "overrides", "fix"} & set(params):
+        return _check_run_dirs(exp, params, where)  # the notebook builds its own config: nothing to apply
+    config = get_preset(exp.preset)
+    fix = params.get("fix")
+    for name, text in (("overrides", exp.overrides), ("fix", fix if isinstance(fix, str) else "")):
+        try:
+            changes = parse_overrides(text, name=name)
+            if changes:
+                config = config.with_values(changes)
+                preflight(config, exp.hardware, sglang_version=exp.sglang_version or None)
+        except DSV4LabError as exc:
+            raise named(name, exc) from None
+    _check_run_dirs(exp, params, where)
+
+
+def _check_run_dirs(exp: Experiment, params: Mapping[str, Any], where: str) -> None:
+    """Run dirs of earlier steps (``b_run_dir``, ``d_run_dir``) must exist and hold their results."""
+    for name, value in params.items():
+        if name.endswith("_run_dir") and isinstance(value, str) and value:
+            try:
+                exp.earlier(name, value)
+            except ConfigError as exc:
+                raise ConfigError(f"parameter {name}{where}", value, exc.allowed) from None
+
+
+def parse_overrides(text: str, *, name: str = "overrides") -> dict[str, str]:
+    """``"mem_fraction_static=0.6 cuda_graph_max_bs=16"`` (spaces or commas) as field -> text value;
+    ``name`` is the parameter an error names."""
     out: dict[str, str] = {}
     if not text or not text.strip():
         return out
     try:
         words = shlex.split(text.replace(",", " "))
     except ValueError as exc:
-        raise ConfigError("overrides", text, "field=value pairs separated by spaces", detail=str(exc)) from None
+        raise ConfigError(name, text, "field=value pairs separated by spaces", detail=str(exc)) from None
     for word in words:
         key, sep, value = word.partition("=")
         if not sep or not key:
-            raise ConfigError("overrides", word, "field=value, e.g. mem_fraction_static=0.6 or speculative.num_steps=2")
+            raise ConfigError(name, word, "field=value, e.g. mem_fraction_static=0.6 or speculative.num_steps=2")
         out[key.strip()] = value
     return out
 
@@ -212,13 +290,23 @@ def read_results(run_dir: str | Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON whole or not at all (a temp file renamed into place): a crash never leaves half a file."""
+def write_json_atomic(path: Path, data: Any, *, redact: bool = True) -> None:
+    """Write JSON whole or not at all (a temp file renamed into place): a crash never leaves half a file.
+
+    The file is private to the user (0600), and with ``redact`` (the default: every JSON file dsv4lab
+    writes — params, results, server and readiness records — is one people read and share) secret values
+    are replaced first (:mod:`dsv4lab.secrets`): a token in a parameter or a figure never reaches disk.
+    """
+    from dsv4lab.secrets import collect_secrets, redact_data
+
+    record = to_jsonable(data)
+    if redact:
+        record = redact_data(record, collect_secrets())
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(to_jsonable(data), f, indent=2)
+            json.dump(record, f, indent=2)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -22,7 +22,7 @@ import pandas as pd
 from dsv4lab.config import field_names
 from dsv4lab.errors import ConfigError, DSV4LabError
 from dsv4lab.experiment import parse_overrides, write_json_atomic
-from dsv4lab.nbrun import find_notebook, new_run_dir, notebook_parameters, run_notebook
+from dsv4lab.nbrun import check_parameters, find_notebook, new_run_dir, notebook_parameters, run_notebook
 
 __all__ = ["SweepPoint", "SweepResult", "expand_grid", "load_points", "run_sweep"]
 
@@ -82,7 +82,7 @@ def load_points(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path).expanduser()
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not TOML, or not UTF-8 text at all
         raise ConfigError("points", str(p), "a readable TOML file with [[point]] tables", detail=str(exc)) from exc
     points = data.get("point")
     if not isinstance(points, list) or not points or not all(isinstance(x, dict) and x for x in points):
@@ -116,6 +116,12 @@ def run_sweep(
                 "",
                 f"one of its parameters ({', '.join(declared)}) or a config field",
             )
+    for values in combos:  # every point checked before the first runs: a bad value in the last is refused now
+        try:
+            check_parameters(nb, _point_parameters(base, values, declared))
+        except ConfigError as exc:
+            where = " ".join(f"{k}={v}" for k, v in values.items())
+            raise ConfigError(f"sweep point {where}: {exc.field}", exc.value, exc.allowed, detail=exc.detail) from None
     folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
     results: list[SweepPoint] = []
     for values in combos:
@@ -192,8 +198,9 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint]) -> Path:
     page = env.get_template("sweep_index.html.j2").render(
         notebook=nb.stem, keys=keys, rows=rows, figure_names=figure_names, chart_svg=chart_svg, metric=metric
     )
-    (folder / "index.html").write_text(page, encoding="utf-8")
-    return folder / "index.html"
+    from dsv4lab.report import public_html, write_private
+
+    return write_private(folder / "index.html", public_html(page, [folder]))  # shared like a report
 
 
 def _metric(frame: pd.DataFrame) -> str | None:

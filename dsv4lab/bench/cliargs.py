@@ -211,6 +211,16 @@ def workload_factory(args: argparse.Namespace) -> Callable[[int | None], Workloa
             out_len = args.output_len
         ctx = args.sharegpt_context_len
         caps: dict[str, Any] = {} if ctx is None else {"max_prompt_len": ctx, "max_output_len": ctx, "context_len": ctx}
+        try:  # the file is read now, so a wrong one is refused before anything is sent
+            sharegpt_workload(args.dataset_path, 1, output_len=out_len, seed=args.seed, **caps)
+        except BenchError as exc:
+            raise ConfigError(
+                "--dataset-path",
+                args.dataset_path,
+                'a ShareGPT JSON list of {"conversations": [{"from": ..., "value": ...}, ...]} with at least one '
+                "prompt and reply that fit",
+                detail=str(exc),
+            ) from None
         return lambda level: sharegpt_workload(
             args.dataset_path, count(level), output_len=out_len, seed=args.seed, **caps
         )

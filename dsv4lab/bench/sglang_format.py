@@ -208,11 +208,15 @@ def _details(result: BenchResult) -> dict[str, list[Any]]:
 def append_jsonl(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]]) -> None:
     """Append records as JSON lines, the way bench_serving writes its ``--output-file`` (``Infinity`` for
     an unlimited request rate, NaN for a statistic with no samples), so its readers read ours."""
+    from dsv4lab.secrets import collect_secrets, redact_data
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("a", encoding="utf-8") as f:
+    known = collect_secrets()
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # results are private to the user
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
         for record in records:
-            f.write(json.dumps(dict(record)) + "\n")
+            f.write(json.dumps(redact_data(dict(record), known)) + "\n")
 
 
 def _line(label: str, value: object, fmt: str = "") -> str:

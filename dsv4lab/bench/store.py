@@ -32,9 +32,13 @@ class ResultStore:
 
     def append(self, result: BenchResult) -> None:
         """Append ``result`` as one line; raise :class:`BenchError` if its id is already stored."""
-        line = (json.dumps(result.to_dict(), separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+        from dsv4lab.secrets import collect_secrets, redact_data
+
+        # Options already leave out header values and the API key; a token in extra_body or a label is masked.
+        record = redact_data(result.to_dict(), collect_secrets())
+        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:

@@ -234,7 +234,7 @@ def sharegpt_workload(
         _check_positive(context_len=context_len)
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8 text at all
         raise BenchError(f"cannot read ShareGPT file {path}: {exc}") from exc
     if not isinstance(data, list):
         raise BenchError(f"ShareGPT file {path} must hold a JSON list of conversations")

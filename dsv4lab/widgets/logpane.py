@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import ipywidgets as widgets
 
 from dsv4lab.logs import LineKind, classify_line
+from dsv4lab.secrets import redact_text
 
 __all__ = ["LINE_STYLES", "LogPane"]
 
@@ -71,7 +72,7 @@ class LogPane:
 
     def append(self, lines: Iterable[str]) -> None:
         """Add lines (classified here); drawn at most every ``min_redraw_s``."""
-        added = [(classify_line(text), text) for text in lines]
+        added = [(classify_line(text), redact_text(text)) for text in lines]  # a pane is an output: no tokens
         if not added:
             return
         with self._lock:

@@ -285,7 +285,8 @@ class ServerActions:
         path = Path(str(self.save_path.value).strip() or "panel-config.toml").expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         save(p.config, path)
-        body = hv.p(f"written to {path.resolve()}") + hv.pre(p.config.to_toml().splitlines())
+        shown = p.config.to_toml(redact=True)  # the file keeps its secrets (0600); the card is an output
+        body = hv.p(f"written to {path.resolve()}") + hv.pre(shown.splitlines())
         p.results.add(hv.card("config saved", body, state="ok"), f"saved {path}")
         return path
 
