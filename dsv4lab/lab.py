@@ -21,6 +21,7 @@ import contextlib
 import datetime as _dt
 import re
 import sys
+import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ import pandas as pd
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.config import ServerConfig
-from dsv4lab.errors import ConfigError, StaleServerError
+from dsv4lab.errors import ConfigError, Interrupted, StaleServerError
 from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.hosts import Host, LocalHost, open_host
@@ -41,6 +42,7 @@ from dsv4lab.memory import Preflight, Suggestion, preflight, suggest
 from dsv4lab.presets import KERNEL_CONFIG_DIR, PRESETS, preset
 from dsv4lab.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server
 from dsv4lab.versions import resolve_release
+from dsv4lab.watch import Readiness, Verdict
 
 __all__ = ["TARGETS", "Lab"]
 
@@ -218,15 +220,43 @@ class Lab:
         local_dir = self.run_root / label
         local_dir.mkdir(parents=True, exist_ok=True)
         run_dir = str(local_dir) if self.is_local else f"{self.remote_root}/{self.session}/{label}"
-        handle, sampler, sampler_error = self._start(cfg, run_dir, port, fault, local_dir if sample_gpus else None)
+        try:
+            # launch() itself ends whatever it started when it fails or is stopped half-way.
+            handle, sampler, sampler_error = self._start(cfg, run_dir, port, fault, local_dir if sample_gpus else None)
+        except KeyboardInterrupt:
+            note = _interrupted("the user stopped the launch before the server started; nothing is running")
+            _save_verdict(local_dir, note)
+            raise Interrupted(f"launch of {label} stopped by the user; nothing was left running", note) from None
+        except BaseException:
+            # Nothing started: no results folder holding only the idle GPU samples taken before the launch.
+            with contextlib.suppress(OSError):
+                (local_dir / "gpu_memory.csv").unlink()
+            with contextlib.suppress(OSError):
+                local_dir.rmdir()  # only if empty: what the launch wrote there (config, script) is evidence
+            raise
         server = Server(self, handle, label, local_dir, keep=self.keep_servers if keep is None else keep)
         self.servers.append(server)
         if sampler is not None:
             self._samplers[id(server)] = sampler
         server._sampler_error = sampler_error
-        # A record beside the results, so that a runner can find (and stop) the server if this kernel dies.
-        record = {**handle.to_dict(), "host_spec": self.host_spec, "keep": server.keep, "name": label}
-        write_json_atomic(local_dir / "server.json", record)
+        try:
+            # A record beside the results, so that a runner can find (and stop) the server if this kernel dies.
+            record = {**handle.to_dict(), "host_spec": self.host_spec, "keep": server.keep, "name": label}
+            try:
+                write_json_atomic(local_dir / "server.json", record)
+            except OSError as exc:
+                warnings.warn(
+                    f"could not save server.json in {local_dir} ({exc}): if this kernel dies, nothing will stop "
+                    f"{label} (launcher PID {handle.launcher_pid} on {self.host.name})",
+                    stacklevel=2,
+                )
+        except KeyboardInterrupt:
+            server.readiness = _interrupted("the user stopped the launch; the server was stopped")
+            if not server.keep:
+                with contextlib.suppress(Exception):
+                    server.stop(grace_s=5.0)
+            server._record()
+            raise Interrupted(f"launch of {label} stopped by the user", server.readiness) from None
         if wait:
             server.wait()
         return server
@@ -285,8 +315,6 @@ class Lab:
     ) -> tuple[Any, Exception | None]:
         """A started GPU sampler for the server about to run on ``port`` (the twin's stand-in picks it by
         port), or the reason it could not start — shown by ``gpu_memory()`` and as a warning now."""
-        import warnings
-
         from dsv4lab.gpumem import GpuSampler, smi_command_for, twin_interval_ms
 
         command = smi_command_for(self.target, python=python or "python3", port=port, twin_env=twin_env)
@@ -515,6 +543,16 @@ class Lab:
         ]
         rows = [{"name": s.name, "state": s.state, "port": s.port, "run dir": s.run_dir} for s in self.servers]
         return hv.card("dsv4lab session", hv.kv_table(facts) + (hv.table(rows) if rows else ""))
+
+
+def _interrupted(reason: str) -> Readiness:
+    """The verdict of a launch the user stopped before any watch began."""
+    return Readiness(Verdict.INTERRUPTED, reason, (), None, (), 0.0, None, None)
+
+
+def _save_verdict(folder: Path, readiness: Readiness) -> None:
+    with contextlib.suppress(OSError):
+        write_json_atomic(folder / "readiness.json", readiness.to_dict())
 
 
 # Sessions still open at interpreter exit stop their servers: a finished papermill run, a restarted

@@ -42,16 +42,25 @@ HANDLE_FILE = "handle.json"
 T = TypeVar("T")
 
 
+#: Attempts of an idempotent launch step when the SSH connection drops under it, and the pause before each retry.
+_STEP_ATTEMPTS = 3
+_STEP_BACKOFF_S = 0.5
+
+
 def _retry(step: Callable[[], T]) -> T:
-    """Run an idempotent launch step; once more if the SSH connection dropped under it.
+    """Run an idempotent launch step; again (up to three times in all) if the SSH connection dropped under it.
 
     A host re-opens a connection it finds dead before running anything, so only a drop in the middle of a
-    step gets here; every step but the start itself can simply be done again.
+    step (or a reconnect that failed) gets here; every step but the start itself can simply be done again.
     """
-    try:
-        return step()
-    except HostConnectionError:
-        return step()
+    for attempt in range(1, _STEP_ATTEMPTS + 1):
+        try:
+            return step()
+        except HostConnectionError:
+            if attempt == _STEP_ATTEMPTS:
+                raise
+            time.sleep(_STEP_BACKOFF_S * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 # The launcher of one run dir, found by its PID file or, before it has written that, by its command line:
@@ -270,11 +279,19 @@ else
     [ -r "$f" ] && awk 'NR > 1 && $4 == "0A" { split($2, a, ":"); print strtonum("0x" a[2]) }' "$f"
   done
 fi
+# Reservations pile up (one per launch ever made, stale once its launcher is gone): read them with builtins
+# against one process listing, not a sed and a ps per file, or every launch gets slower with age.
 dir=__STATE__/ports
+live=" $(ps -e -o pid= 2>/dev/null | tr -s ' \n' '  ') "
 for f in "$dir"/*; do
   [ -e "$f" ] || continue
-  pid=$(sed -n 2p "$f" 2>/dev/null)
-  if [ -z "$pid" ] || ps -o stat= -p "$pid" >/dev/null 2>&1; then basename -- "$f"; fi
+  pid=""
+  { IFS= read -r _owner; IFS= read -r pid; } < "$f" 2>/dev/null
+  case "$pid" in
+    "") echo "${f##*/}" ;;
+    *[!0-9]*) ;;
+    *) case "$live" in *" $pid "*) echo "${f##*/}" ;; esac ;;
+  esac
 done
 """.replace("__STATE__", _STATE_DIR)
 
@@ -443,12 +460,12 @@ def launch(
         # for this launch's if the connection dropped while starting it.
         old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]
         _retry(lambda: host.run(old, timeout_s=timeout_s).check())
-        host.put_text(layout.config_file, config.to_toml())
-        host.put_text(layout.env_file, render_env_file(config))
+        _retry(lambda: host.put_text(layout.config_file, config.to_toml()))
+        _retry(lambda: host.put_text(layout.env_file, render_env_file(config)))
         script = render_launch_script(
             config, run_dir=run_dir, sglang_version=release, python=python, target=target, twin_env=twin_env
         )
-        host.put_text(layout.script, script, mode=0o755)
+        _retry(lambda: host.put_text(layout.script, script, mode=0o755))
         started = time.time()
         pid = _start(host, layout, run_dir, timeout_s)
     except BaseException:
@@ -469,7 +486,8 @@ def launch(
             config.node_rank,
             {"twin_env": dict(twin_env or {}), "python": python},
         )
-        host.put_text(f"{run_dir}/{HANDLE_FILE}", json.dumps(handle.to_dict(), indent=2))
+        record = json.dumps(handle.to_dict(), indent=2)
+        _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record))
     except BaseException:
         # Without handle.json nothing could find this server again: it must not outlive the failed launch.
         with contextlib.suppress(Exception):

@@ -12,8 +12,9 @@ Servers are made by :meth:`dsv4lab.lab.Lab.launch`; the functions underneath (``
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,8 @@ import pandas as pd
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.config import ServerConfig
-from dsv4lab.errors import BenchError, Interrupted
+from dsv4lab.errors import BenchError, Interrupted, ProfileError
+from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hosts import KillReport, PortForward
 from dsv4lab.kernels import KernelBreakdown, profile_server
 from dsv4lab.launch import ServerHandle
@@ -116,6 +118,8 @@ class Server:
             if isinstance(exc.partial, Readiness):
                 self.readiness = exc.partial
             self._record()
+            if not keep_running:  # the watch stopped the server: its GPU timeline ends here too
+                threading.Timer(1.0, self.lab._stop_sampler, args=(self,)).start()
             raise
         self._record()
         if self.readiness.ready:
@@ -167,6 +171,7 @@ class Server:
             return bench.random_workload(n, input_len, output_len, seed=seed)
 
         store = str(self.local_dir / "bench")
+        drops = self._connection_drops()
         try:
             runs = bench.sweep(
                 self.url,
@@ -187,6 +192,14 @@ class Server:
                 self.runs = self.runs + exc.partial
             raise
         self.runs = self.runs + runs
+        cut = sum(r.summary.incomplete + r.summary.failed for r in runs)
+        if cut and self._connection_drops() > drops:
+            warnings.warn(
+                f"the SSH connection to {self.handle.host.name} dropped during the benchmark and was re-opened; "
+                f"{cut} request(s) were cut (counted as incomplete or failed, the rest measured normally). "
+                "Rerun for clean numbers.",
+                stacklevel=2,
+            )
         return runs
 
     def profile(
@@ -206,11 +219,36 @@ class Server:
         load = bench.LoadSpec(concurrency=concurrency, warmup=0)  # a warm-up request would decode alone
 
         def during() -> None:
-            bench.run(self.url, wl, load, progress=self.lab.progress, label=f"{self.name} profile")
+            result = bench.run(
+                self.url,
+                wl,
+                load,
+                progress=self.lab.progress,
+                label=f"{self.name} profile",
+                on_server_death=self._death_note,
+                store=str(self.local_dir / "bench"),
+            )
+            self.runs = bench.BenchRuns((*self.runs, result))  # the load run is a measurement too: kept, partial or not
+            if result.partial and not result.interrupted:
+                raise ProfileError(self._died_during("profiling", result.abort_reason))
 
         remote = f"{self.run_dir}/profile"
-        return profile_server(
-            self.url, self.handle.host, remote, during, local_dir=str(self.local_dir / "traces"), within=within
+        try:
+            return profile_server(
+                self.url, self.handle.host, remote, during, local_dir=str(self.local_dir / "traces"), within=within
+            )
+        except ProfileError as exc:
+            if "died during" in str(exc) or self.handle.is_alive():
+                raise
+            self._death_note()  # the server went away around the profile: say so, not "connection refused"
+            raise ProfileError(self._died_during("profiling", str(exc))) from exc
+
+    def _died_during(self, what: str, detail: str | None) -> str:
+        r = self.readiness
+        verdict = f"{r.verdict.value}: {r.reason}" if r is not None and not r.ready else (detail or "it stopped")
+        return (
+            f"{self.name} died during {what}: {verdict} The load run is kept in {self.name}.runs and "
+            f"{self.local_dir / 'bench'}; the log and readiness.json are in {self.local_dir}"
         )
 
     def diagnose(self) -> Diagnosis:
@@ -271,10 +309,10 @@ class Server:
             return local_log
         self.local_dir.mkdir(parents=True, exist_ok=True)
         host = self.handle.host
-        for name in ("server.log", "config.toml", "env.sh", "launch.sh", "handle.json", "server.exit"):
+        for name in ("server.log", "config.toml", "env.sh", "launch.sh", "handle.json", "server.exit", "stopped.json"):
             text = host.read_text(f"{self.run_dir}/{name}", max_bytes=64 << 20)
             if text is not None:
-                (self.local_dir / name).write_text(text, encoding="utf-8")
+                _write_whole(self.local_dir / name, text)
         return local_log
 
     # -- internals --------------------------------------------------------------------------------------
@@ -305,12 +343,23 @@ class Server:
             # The server is gone: keep a moment of samples after the death (the memory coming back), then
             # stop, so the timeline ends where the story does.
             threading.Timer(1.0, self.lab._stop_sampler, args=(self,)).start()
-        self.local_dir.mkdir(parents=True, exist_ok=True)
-        (self.local_dir / "readiness.json").write_text(
-            json.dumps(self.readiness.to_dict(), indent=2) + "\n", encoding="utf-8"
-        )
+        try:
+            write_json_atomic(self.local_dir / "readiness.json", self.readiness.to_dict())
+        except OSError as exc:  # a full disk must not turn a verdict into an exception: say what was not kept
+            warnings.warn(
+                f"{self.name}: could not save readiness.json in {self.local_dir} ({exc}); the verdict "
+                f"({self.readiness.verdict.value}) is only in {self.name}.readiness",
+                stacklevel=3,
+            )
         if self.readiness.verdict is not Verdict.READY:
-            self.fetch()
+            try:
+                self.fetch()
+            except OSError as exc:
+                warnings.warn(f"{self.name}: could not copy the server's log home ({exc})", stacklevel=3)
+
+    def _connection_drops(self) -> int:
+        """How often the connection to the server's host was re-opened so far (0 for this machine)."""
+        return int(getattr(self.handle.host, "reconnects", 0))
 
     # -- display ----------------------------------------------------------------------------------------
 
@@ -349,6 +398,18 @@ class Server:
         if self.readiness is not None:
             body += self.readiness._repr_html_()
         return hv.card(f"server {self.name}", body, state=state, status=self.state)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write a file whole or not at all (a temp file renamed into place): a full disk leaves the old copy."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 class LogTail:

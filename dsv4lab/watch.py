@@ -221,6 +221,14 @@ def wait_ready(
             exit_status_wait_s=exit_status_wait_s,
             on_line=on_line,
         )
+    except HostConnectionError as exc:
+        bar.finish("the connection to the host is lost", "fail")
+        raise HostConnectionError(
+            f"lost the connection to {handle.host.name} while watching {handle.run_dir} and could not reconnect "
+            f"within {reconnect_max_s:g} s ({exc}). The server was not stopped and may still be running: watch "
+            f"it again when the host is reachable (lab.attach({handle.run_dir!r}), or `dsv4lab watch "
+            f"{handle.run_dir} --host {handle.host.name}`)"
+        ) from exc
     except KeyboardInterrupt:
         partial = w.finish(Verdict.INTERRUPTED, "the user stopped the watch", None, None)
         if not keep_running:
@@ -384,16 +392,23 @@ class _Watch:
         definitive_at: float | None = None
         ready_at: float | None = None
         server_pid: int | None = None
+        last_look = False
         self.connect(reconnect_max_s)
         while True:
             now = time.monotonic()
             if now - start > timeout_s:
-                return self.finish(
-                    Verdict.TIMEOUT,
-                    f"not ready after {timeout_s:.0f} s (last phase: {self.last_phase or 'none seen'})",
-                    None,
-                    None,
-                )
+                if last_look:
+                    return self.finish(
+                        Verdict.TIMEOUT,
+                        f"not ready after {timeout_s:.0f} s (last phase: {self.last_phase or 'none seen'})",
+                        None,
+                        None,
+                    )
+                # One more look at the log, the process and /health before giving up: after a pause on this
+                # side (a laptop that slept, a stopped process) the deadline passes unseen, and the server may
+                # have become ready (or died) meanwhile. The verdict is the server's state now.
+                last_look = True
+                next_liveness = next_health = now
             try:
                 assert self.follower is not None
                 new = self.follower.poll(0.05 if fatal_at else 0.2)
@@ -466,6 +481,7 @@ class _Watch:
                     )
             except HostConnectionError:
                 self.connect(reconnect_max_s)  # resumes at `offset`; a dropped connection is not a verdict
+                last_look = False  # the last look before a timeout was cut short: look again
 
 
 def wait_ready_all(
