@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab import htmlview as hv
-from dsv4lab.errors import ConfigError, NotebookError
+from dsv4lab.campaignlock import campaign_lock
+from dsv4lab.errors import ConfigError, Interrupted, NotebookError
 from dsv4lab.experiment import read_results, write_json_atomic
 from dsv4lab.nbrun import NotebookRun, environment, find_notebook, notebook_parameters, run_notebook
 
@@ -32,7 +33,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["DEFAULT_CAMPAIGN", "Campaign", "CampaignResult", "CampaignStep", "load_campaign", "run_campaign"]
+__all__ = [
+    "DEFAULT_CAMPAIGN",
+    "Campaign",
+    "CampaignResult",
+    "CampaignStep",
+    "load_campaign",
+    "rerender_index",
+    "run_campaign",
+]
 
 DEFAULT_CAMPAIGN = Path(__file__).parent / "campaigns" / "story.toml"
 STATE_FILE = "campaign.json"
@@ -173,14 +182,25 @@ def run_campaign(
 ) -> CampaignResult:
     """Run the steps in order (see module doc); returns the result, with ``index.html`` written.
 
-    Raises :class:`NotebookError` (after writing the index) when a notebook failed.
+    Raises :class:`NotebookError` (after writing the index) when a notebook failed, and
+    :class:`~dsv4lab.errors.LaunchError` before anything runs when another campaign holds the host or the
+    folder (:mod:`dsv4lab.campaignlock`).
     """
     folder = Path(reports_root).resolve() / campaign.name
     folder.mkdir(parents=True, exist_ok=True)
+    host = str(campaign.parameters.get("host") or "local")
+    with campaign_lock(campaign.name, folder, host):
+        return _run_steps(campaign, folder, force, execution_timeout_s, log_output, on_step)
+
+
+def _run_steps(
+    campaign: Campaign, folder: Path, force: bool, execution_timeout_s: float, log_output: bool, on_step: Any
+) -> CampaignResult:
     previous = _load_state(folder)
     states: list[StepState] = []
     figures: dict[str, dict[str, Any]] = {}
     failure: NotebookError | None = None
+    stopped: Interrupted | None = None
     try:
         for step in campaign.steps:
             params = _step_parameters(campaign, step, figures)
@@ -197,6 +217,7 @@ def run_campaign(
             else:
                 if on_step is not None:
                     on_step(step)
+                run: NotebookRun | None
                 try:
                     run = run_notebook(
                         step.notebook,
@@ -208,7 +229,12 @@ def run_campaign(
                 except NotebookError as exc:
                     failure = exc
                     run = exc.run
+                except Interrupted as exc:  # recorded as interrupted: a rerun does this step again
+                    stopped = exc
+                    run = exc.partial if isinstance(exc.partial, NotebookRun) else None
                 state = _state(step, run)
+                if stopped is not None:
+                    state.status = "interrupted"
             states.append(state)
             figures[step.id] = {**state.figures, "run_dir": state.run_dir}
             previous[step.id] = {
@@ -217,12 +243,14 @@ def run_campaign(
                 "run_dir": state.run_dir,
                 "report": state.report,
             }
-            _save_state(folder, campaign, previous)
-            if failure is not None:
+            _save_state(folder, campaign, previous, [s.id for s in states])
+            if failure is not None or stopped is not None:
                 break
     finally:
         index = write_index(campaign, folder, states)
     result = CampaignResult(campaign, folder, index, states)
+    if stopped is not None:
+        raise Interrupted(f"campaign {campaign.name} stopped by the user; index: {index}", result)
     if failure is not None:
         raise NotebookError(f"campaign {campaign.name} stopped: {failure}; index: {index}", result)
     return result
@@ -296,8 +324,67 @@ def _load_state(folder: Path) -> dict[str, dict[str, Any]]:
     return {}
 
 
-def _save_state(folder: Path, campaign: Campaign, steps: Mapping[str, Any]) -> None:
-    write_json_atomic(folder / STATE_FILE, {"campaign": campaign.name, "source": str(campaign.source), "steps": steps})
+def _save_state(folder: Path, campaign: Campaign, steps: Mapping[str, Any], shown: Sequence[str]) -> None:
+    """``campaign.json``: every step's last run, which steps the latest run reached (``shown``) and the
+    campaign-wide parameters it ran with — enough to write ``index.html`` again (:func:`rerender_index`)."""
+    state = {
+        "campaign": campaign.name,
+        "title": campaign.title,
+        "source": str(campaign.source) if campaign.source is not None else None,
+        "parameters": dict(campaign.parameters),
+        "shown": list(shown),
+        "steps": steps,
+    }
+    write_json_atomic(folder / STATE_FILE, state)
+
+
+def rerender_index(folder: str | Path) -> Path:
+    """Write a campaign folder's ``index.html`` again from ``campaign.json`` and each step's run dir,
+    without running anything (after freeing disk space, or to pick up a re-rendered report)."""
+    folder = Path(folder).expanduser().resolve()
+    try:
+        data = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            "FOLDER", str(folder), "a campaign folder (it holds campaign.json)", detail=str(exc)
+        ) from None
+    entries = {str(k): dict(v) for k, v in (data.get("steps") or {}).items() if isinstance(v, dict)}
+    source = data.get("source")
+    if source and source != "None" and Path(source).is_file():
+        campaign = load_campaign(source)
+    else:  # the campaign file moved: the steps as recorded, without the index's levers, facts and charts
+        name = str(data.get("campaign") or folder.name)
+        steps = tuple(
+            CampaignStep(k, str(read_results(v.get("run_dir") or folder).get("notebook") or k))
+            for k, v in entries.items()
+        )
+        campaign = Campaign(name, str(data.get("title") or name), {}, steps)
+    if isinstance(data.get("parameters"), dict):
+        campaign = campaign.with_parameters(data["parameters"])
+    shown = data.get("shown") if isinstance(data.get("shown"), list) else list(entries)
+    states: list[StepState] = []
+    for step in campaign.steps:
+        entry = entries.get(step.id)
+        if entry is None or step.id not in shown:
+            continue
+        run_dir = entry.get("run_dir")
+        results = read_results(run_dir) if run_dir and Path(run_dir).is_dir() else {}
+        raw = results.get("figures")
+        figures: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        states.append(
+            StepState(
+                step.id,
+                step.notebook,
+                str(entry.get("status") or "failed"),
+                run_dir,
+                entry.get("report"),
+                results.get("error"),
+                False,
+                float(results.get("duration_s") or 0.0),
+                figures,
+            )
+        )
+    return write_index(campaign, folder, states)
 
 
 # -- the index page ----------------------------------------------------------------------------------------

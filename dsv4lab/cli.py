@@ -287,8 +287,8 @@ def _params(items: Sequence[Sequence[str]]) -> dict[str, Any]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from dsv4lab.errors import NotebookError
-    from dsv4lab.nbrun import notebook_parameters, run_notebook
+    from dsv4lab.errors import Interrupted, NotebookError
+    from dsv4lab.nbrun import NotebookRun, notebook_parameters, run_notebook
 
     if args.params:
         for p in notebook_parameters(args.notebook).values():
@@ -304,16 +304,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     except NotebookError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        if exc.run is not None:
+        if exc.run is not None and exc.run.report.exists():
             print(exc.run.report)
+        return exc.exit_code
+    except Interrupted as exc:  # the report of what ran is written: say where
+        print(f"Interrupted: {exc}", file=sys.stderr)
+        if isinstance(exc.partial, NotebookRun):
+            print(exc.partial.report)
         return exc.exit_code
     print(run.report)
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    """Render report.html of a run dir (or index.html of a campaign folder) again, without running anything."""
+    from dsv4lab.campaign import STATE_FILE, rerender_index
+    from dsv4lab.nbrun import render_run
+
+    path = Path(args.path).expanduser()
+    if (path / STATE_FILE).is_file():
+        print(rerender_index(path))
+    elif (path / "notebook.ipynb").is_file():
+        print(render_run(path))
+    else:
+        raise ConfigError(
+            "PATH",
+            str(path),
+            "a run dir of dsv4lab run (with notebook.ipynb) or a campaign folder (with campaign.json)",
+        )
+    return 0
+
+
 def _cmd_campaign(args: argparse.Namespace) -> int:
-    from dsv4lab.campaign import load_campaign, run_campaign
-    from dsv4lab.errors import NotebookError
+    from dsv4lab.campaign import CampaignResult, load_campaign, run_campaign
+    from dsv4lab.errors import Interrupted, NotebookError
 
     campaign = load_campaign(args.file).with_parameters(_params(args.p))
 
@@ -328,6 +352,11 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         if exc.run is not None:
             print(exc.run.index)
+        return exc.exit_code
+    except Interrupted as exc:
+        print(f"Interrupted: {exc}", file=sys.stderr)
+        if isinstance(exc.partial, CampaignResult):
+            print(exc.partial.index)
         return exc.exit_code
     for step in result.steps:
         reused = " (reused)" if step.reused else ""
@@ -482,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_host_options(ps)
     ps.add_argument("--root", default="~/dsv4lab-runs", help="folder holding run directories")
     ps.set_defaults(func=_cmd_ps)
+
+    rep = verbs.add_parser(
+        "report", help="write report.html of a run dir (or index.html of a campaign folder) again, running nothing"
+    )
+    rep.add_argument("path", help="reports/<time>-<notebook> or reports/<campaign>")
+    rep.set_defaults(func=_cmd_report)
 
     run = verbs.add_parser("run", help="run one experiment notebook headlessly into reports/, with its HTML report")
     run.add_argument("notebook", help="a shipped notebook (01_config_a_baseline ... or just 01) or a .ipynb path")

@@ -17,6 +17,7 @@ import contextlib
 import datetime as _dt
 import importlib.metadata
 import json
+import os
 import platform
 import re
 import subprocess
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4lab.errors import ConfigError, DSV4LabError, NotebookError
+from dsv4lab.errors import ConfigError, DSV4LabError, Interrupted, NotebookError
 from dsv4lab.experiment import RESULTS_FILE, read_results, write_json_atomic
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "new_run_dir",
     "notebook_parameters",
     "parse_cli_value",
+    "render_run",
     "run_notebook",
     "stop_orphans",
 ]
@@ -85,6 +87,8 @@ class NotebookRun:
     error: str | None = None
     duration_s: float = 0.0
     results: Mapping[str, Any] = field(default_factory=dict)
+    #: Files of the record that could not be written (a full disk): each with why.
+    unsaved: tuple[str, ...] = ()
 
     @property
     def figures(self) -> Mapping[str, Any]:
@@ -290,10 +294,10 @@ def run_notebook(
     started = time.monotonic()
     error: str | None = None
     status = "ok"
-    try:
+    try:  # whatever happens in the notebook, the servers it left are stopped and the report is written
         papermill.execute_notebook(
             str(nb_path),
-            str(executed),
+            _atomic_output(executed),
             parameters=params,
             cwd=str(out_dir),
             kernel_name=kernel_name,
@@ -306,19 +310,85 @@ def run_notebook(
     except PapermillExecutionError as exc:
         status = "failed"
         error = f"In [{exc.exec_count}]: {exc.ename}: {exc.evalue}"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI
         status, error = "interrupted", "stopped by the user"
-        raise
     except Exception as exc:  # a kernel that died, a timeout: the report still gets written
         status = "failed"
         error = f"{type(exc).__name__}: {exc}"
-    finally:
-        duration = time.monotonic() - started
-        stopped = stop_orphans(out_dir)
+    duration = time.monotonic() - started
+    stopped = stop_orphans(out_dir)
+    try:
         run = _finish(nb_path, out_dir, executed, params, status, error, duration, stopped)
+    except OSError as exc:  # a full disk before results.json and the report could be written: say so below
+        unsaved = (f"results.json and report.html ({exc.strerror or exc})",)
+        run = NotebookRun(
+            nb_path.stem,
+            nb_path,
+            out_dir,
+            out_dir / "report.html",
+            executed,
+            dict(params),
+            False,
+            error,
+            duration,
+            {},
+            unsaved,
+        )
+    if status == "interrupted":
+        raise Interrupted(f"notebook {nb_path.stem} stopped by the user; what ran is in its report: {run.report}", run)
+    if run.unsaved:
+        what = f"failed: {error}" if error else "ran"
+        raise NotebookError(
+            f"notebook {nb_path.stem} {what}, but its record in {out_dir} is incomplete: could not write "
+            f"{'; '.join(run.unsaved)}. Free space there, then `dsv4lab report {out_dir}` renders the report "
+            "from what was kept",
+            run,
+        )
     if not run.ok and raise_on_error:
         raise NotebookError(f"notebook {nb_path.stem} failed: {error}; report: {run.report}#papermill-error-cell", run)
     return run
+
+
+#: papermill saves the executed notebook after every cell; through this scheme each save replaces the file
+#: whole (a temp file renamed into place), so a full disk or a killed runner leaves the last whole version.
+_ATOMIC = "dsv4lab-atomic://"
+
+
+class _AtomicWriter:
+    """A papermill I/O handler for ``dsv4lab-atomic://<path>``: local files, replaced whole on write."""
+
+    def read(self, path: str) -> str:
+        return Path(path.removeprefix(_ATOMIC)).read_text(encoding="utf-8")
+
+    def listdir(self, path: str) -> list[str]:
+        folder = Path(path.removeprefix(_ATOMIC))
+        return [str(p) for p in folder.iterdir()]
+
+    def write(self, buf: str, path: str) -> None:
+        target = Path(path.removeprefix(_ATOMIC))
+        tmp = target.with_name(f".{target.name}.tmp")
+        try:
+            tmp.write_text(buf, encoding="utf-8")
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+    def pretty_path(self, path: str) -> str:
+        return path.removeprefix(_ATOMIC)
+
+
+_registered: list[bool] = []
+
+
+def _atomic_output(path: Path) -> str:
+    if not _registered:
+        from papermill.iorw import papermill_io
+
+        papermill_io.register(_ATOMIC, _AtomicWriter())
+        _registered.append(True)
+    return _ATOMIC + str(path)
 
 
 def _finish(
@@ -331,8 +401,6 @@ def _finish(
     duration: float,
     stopped: list[str],
 ) -> NotebookRun:
-    from dsv4lab.report import render_report
-
     results = read_results(out_dir)
     results.update(
         notebook=nb_path.stem,
@@ -344,17 +412,73 @@ def _finish(
     )
     if stopped:
         results["stopped_servers"] = stopped
-    write_json_atomic(out_dir / RESULTS_FILE, results)
-    source = executed if executed.exists() else nb_path
+    unsaved: list[str] = []
+    try:
+        write_json_atomic(out_dir / RESULTS_FILE, results)
+    except OSError as exc:  # whole or not at all: the previous results.json (if any) stays as it was
+        unsaved.append(f"{RESULTS_FILE} ({exc.strerror or exc})")
     report = out_dir / "report.html"
-    with contextlib.suppress(Exception):  # a report that cannot render must not hide the notebook's error
-        everything = effective_parameters(nb_path, params)
-        render_report(
-            source, report, title=_title(nb_path), provenance=_provenance(everything, out_dir), ok=status == "ok"
-        )
+    try:
+        _render(nb_path, executed if executed.exists() else nb_path, out_dir, report, params, status, error)
+    except OSError as exc:
+        unsaved.append(f"report.html ({exc.strerror or exc})")
+    except Exception:  # noqa: S110 - a report that cannot render must not hide the notebook's own error
+        pass
     return NotebookRun(
-        nb_path.stem, nb_path, out_dir, report, executed, dict(params), status == "ok", error, duration, results
+        nb_path.stem,
+        nb_path,
+        out_dir,
+        report,
+        executed,
+        dict(params),
+        status == "ok",
+        error,
+        duration,
+        results,
+        tuple(unsaved),
     )
+
+
+def _render(
+    nb_path: Path,
+    source: Path,
+    out_dir: Path,
+    report: Path,
+    params: Mapping[str, Any],
+    status: str,
+    error: str | None,
+) -> Path:
+    """``report.html`` from the executed notebook, with the provenance header and the run's status."""
+    from dsv4lab.report import render_report
+
+    provenance = _provenance(effective_parameters(nb_path, params), out_dir)
+    if status != "ok":  # the banner says "failed"; this row says how (interrupted, the kernel died, ...)
+        provenance.insert(0, ("status", f"{status}: {error}" if error else status))
+    try:
+        return render_report(source, report, title=_title(nb_path), provenance=provenance, ok=status == "ok")
+    except BaseException:
+        with contextlib.suppress(OSError):  # a half-written temp file is not a report
+            report.with_name(report.name + ".tmp").unlink()
+        raise
+
+
+def render_run(run_dir: str | Path) -> Path:
+    """Render ``report.html`` of a finished (or failed, or interrupted) run again from its executed notebook,
+    with the same provenance header and status — after freeing disk space, or after a template change."""
+    out_dir = Path(run_dir).expanduser().resolve()
+    executed = out_dir / "notebook.ipynb"
+    if not executed.is_file():
+        raise ConfigError("RUN_DIR", str(run_dir), "a run dir made by dsv4lab run (it holds notebook.ipynb)")
+    results = read_results(out_dir)
+    try:
+        params = json.loads((out_dir / "params.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        params = results.get("parameters") if isinstance(results.get("parameters"), dict) else {}
+    status = str(results.get("status") or "unknown")
+    error = results.get("error")
+    if status == "unknown":
+        error = "results.json records no status: the run did not finish writing its record"
+    return _render(executed, executed, out_dir, out_dir / "report.html", params, status, error)
 
 
 def _title(nb_path: Path) -> str:
