@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from dsv4lab.config import ServerConfig
 from dsv4lab.errors import DSV4LabError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, KillReport, LocalHost
-from dsv4lab.render import Target, render_env_file, render_launch_script
+from dsv4lab.render import Target, render_argv, render_env_file, render_launch_script
 from dsv4lab.rundir import RunLayout
 from dsv4lab.versions import resolve_release
 
@@ -183,7 +183,7 @@ class ServerHandle:
         if self.is_alive():
             marker = {"stopped_at": time.time(), "launcher_pid": self.launcher_pid}
             with contextlib.suppress(DSV4LabError):  # the kill matters more than the marker
-                self.host.put_text(self.layout.stopped, json.dumps(marker) + "\n")
+                self.host.put_text(self.layout.stopped, json.dumps(marker) + "\n", mode=0o600)
         report = self.host.kill_tree(self.launcher_pid, grace_s=grace_s)
         pid = self.server_pid()
         if pid is not None and self.host.is_alive(pid):  # a server that left the launcher's group
@@ -196,7 +196,10 @@ class ServerHandle:
         return report
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The handle as ``handle.json`` records it: secrets redacted (``env.sh`` alone keeps them)."""
+        from dsv4lab.secrets import collect_secrets, redact_data
+
+        record = {
             "host": self.host.name,
             "run_dir": self.run_dir,
             "launcher_pid": self.launcher_pid,
@@ -205,9 +208,11 @@ class ServerHandle:
             "sglang_version": self.sglang_version,
             "node_rank": self.node_rank,
             "port": self.port,
-            "config": self.config.to_dict(),
+            "config": self.config.to_dict(redact=True),
             **self.extra,
         }
+        data: dict[str, Any] = redact_data(record, collect_secrets(self.config, self.extra))
+        return data
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
@@ -231,6 +236,9 @@ def find_listener(host: Host, port: int, *, timeout_s: float = 15.0) -> tuple[bo
     lines = result.stdout.split()
     return ("LISTEN" in lines, [int(x) for x in lines if x.isdigit()])
 
+
+#: A run dir, private to the user whether it is new or was made before (by a notebook's session, say).
+_PRIVATE_DIR = 'mkdir -p -- "$1" && chmod 700 -- "$1"'
 
 #: Where a host keeps dsv4lab's per-user state (port reservations); private to the user.
 _STATE_DIR = '"${DSV4LAB_STATE_DIR:-$HOME/.cache/dsv4lab}"'
@@ -405,6 +413,17 @@ def check_host(
     raise HostSetupError(f"on {host.name}: the pre-launch check printed {verdict!r}")
 
 
+def check_twin(config: ServerConfig, twin_env: Mapping[str, str] | None, sglang_version: str) -> None:
+    """Raise :class:`~dsv4lab.errors.ConfigError` for what would make the twin exit at start: its settings
+    (hardware, time scale, fault) and the memory model's refusals (an unknown model, more GPUs than the
+    hardware has). Found before the launch, they are bad input, not a crash to diagnose."""
+    from dsv4lab.memory import preflight
+    from dsv4lab.twin.settings import TwinSettings
+
+    settings = TwinSettings.from_env({**(twin_env or {}), "DSV4LAB_TWIN_SGLANG_VERSION": sglang_version})
+    preflight(config, settings.hardware, sglang_version=settings.release)
+
+
 def launch(
     host: Host,
     config: ServerConfig,
@@ -427,13 +446,18 @@ def launch(
     ``replace_stale`` kills the process tree holding it.
     """
     release = resolve_release(sglang_version)
+    render_env_file(config)  # what cannot be rendered (a flag the release lacks, a redacted secret) is refused
+    render_argv(config, release)  # here, before anything is written on the host
+    if target == "twin":
+        check_twin(config, twin_env, release.version)
     if python is None:
         python = sys.executable if target == "twin" and isinstance(host, LocalHost) else "python3"
     if check:
         _retry(lambda: check_host(host, config, target=target, python=python, timeout_s=timeout_s))
     run_dir = _retry(lambda: host.absolute_path(run_dir))
     layout = RunLayout(run_dir)
-    _retry(lambda: host.makedirs(run_dir, timeout_s=timeout_s))
+    # Private: the run dir holds env.sh with the server's secrets (0600 inside a 0700 dir; see render).
+    _retry(lambda: host.run(["bash", "-c", _PRIVATE_DIR, "dsv4lab-mkdir", run_dir], timeout_s=timeout_s).check())
     previous = _read_handle(host, run_dir)
     if previous is not None and _retry(lambda: host.is_alive(int(previous["launcher_pid"]))):
         if not replace_stale:
@@ -460,12 +484,12 @@ def launch(
         # for this launch's if the connection dropped while starting it.
         old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]
         _retry(lambda: host.run(old, timeout_s=timeout_s).check())
-        _retry(lambda: host.put_text(layout.config_file, config.to_toml()))
-        _retry(lambda: host.put_text(layout.env_file, render_env_file(config)))
+        _retry(lambda: host.put_text(layout.config_file, config.to_toml(redact=True), mode=0o600))
+        _retry(lambda: host.put_text(layout.env_file, render_env_file(config), mode=0o600))
         script = render_launch_script(
             config, run_dir=run_dir, sglang_version=release, python=python, target=target, twin_env=twin_env
         )
-        _retry(lambda: host.put_text(layout.script, script, mode=0o755))
+        _retry(lambda: host.put_text(layout.script, script, mode=0o700))
         started = time.time()
         pid = _start(host, layout, run_dir, timeout_s)
     except BaseException:
@@ -487,7 +511,7 @@ def launch(
             {"twin_env": dict(twin_env or {}), "python": python},
         )
         record = json.dumps(handle.to_dict(), indent=2)
-        _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record))
+        _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record, mode=0o600))
     except BaseException:
         # Without handle.json nothing could find this server again: it must not outlive the failed launch.
         with contextlib.suppress(Exception):

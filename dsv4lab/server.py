@@ -30,6 +30,7 @@ from dsv4lab.hosts import KillReport, PortForward
 from dsv4lab.kernels import KernelBreakdown, profile_server
 from dsv4lab.launch import ServerHandle
 from dsv4lab.logs import Diagnosis
+from dsv4lab.secrets import collect_secrets, redact_text
 from dsv4lab.watch import VERDICT_STATE, Readiness, Verdict, wait_ready
 
 if TYPE_CHECKING:
@@ -300,19 +301,23 @@ class Server:
     def log(self, lines: int = 40) -> LogTail:
         """The last lines of ``server.log``."""
         text = self.handle.host.read_text(self.handle.log_path, max_bytes=max(4096, lines * 400)) or ""
-        return LogTail(self.name, text.splitlines()[-lines:])
+        return LogTail(self.name, redact_text(text, collect_secrets(self.config)).splitlines()[-lines:])
 
     def fetch(self) -> Path:
-        """Copy the run dir's small files (log, config, verdicts) from the host into ``local_dir``; the log path."""
+        """Copy the run dir's small files (log, config, verdicts) from the host into ``local_dir``; the log path.
+
+        The copies are redacted (:mod:`dsv4lab.secrets`): ``env.sh`` keeps the server's token on the host only.
+        """
         local_log = self.local_dir / "server.log"
         if Path(self.run_dir).resolve() == self.local_dir.resolve():
             return local_log
         self.local_dir.mkdir(parents=True, exist_ok=True)
         host = self.handle.host
+        known = collect_secrets(self.config)
         for name in ("server.log", "config.toml", "env.sh", "launch.sh", "handle.json", "server.exit", "stopped.json"):
             text = host.read_text(f"{self.run_dir}/{name}", max_bytes=64 << 20)
             if text is not None:
-                _write_whole(self.local_dir / name, text)
+                _write_whole(self.local_dir / name, redact_text(text, known))
         return local_log
 
     # -- internals --------------------------------------------------------------------------------------
