@@ -26,7 +26,15 @@ from dsv4lab import htmlview as hv
 from dsv4lab.campaignlock import campaign_lock
 from dsv4lab.errors import ConfigError, Interrupted, NotebookError
 from dsv4lab.experiment import read_results, write_json_atomic
-from dsv4lab.nbrun import NotebookRun, environment, find_notebook, notebook_parameters, run_notebook
+from dsv4lab.nbrun import (
+    NotebookRun,
+    check_parameters,
+    environment,
+    find_notebook,
+    notebook_parameters,
+    run_notebook,
+)
+from dsv4lab.report import public_html
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +46,7 @@ __all__ = [
     "Campaign",
     "CampaignResult",
     "CampaignStep",
+    "check_campaign",
     "load_campaign",
     "rerender_index",
     "run_campaign",
@@ -79,7 +88,7 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
         data = tomllib.loads(source.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError("campaign", str(source), "a readable campaign .toml file", detail=exc.strerror or "") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("campaign", str(source), "valid TOML", detail=str(exc)) from exc
     head = data.get("campaign", {})
     name = str(head.get("name") or source.stem)
@@ -122,6 +131,29 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
         index=dict(data.get("index") or {}),
         source=source,
     )
+
+
+def check_campaign(campaign: Campaign) -> None:
+    """Every parameter of every step checked as its run will check it (:func:`~dsv4lab.nbrun.check_parameters`:
+    types, and what the values name), and every campaign-wide parameter used by some step — so a typo in
+    step 5 fails now, not after an hour of steps 1 to 4. Inputs from earlier steps are checked when known."""
+    used: set[str] = set()
+    for step in campaign.steps:
+        declared = notebook_parameters(step.notebook)
+        used |= set(declared)
+        params = {k: v for k, v in campaign.parameters.items() if k in declared}
+        params.update({k: v for k, v in step.parameters.items() if k not in step.inputs})
+        try:
+            check_parameters(step.notebook, params)
+        except ConfigError as exc:
+            raise ConfigError(f"step {step.id}: {exc.field}", exc.value, exc.allowed, detail=exc.detail) from None
+    unused = sorted(set(campaign.parameters) - used)
+    if unused:
+        raise ConfigError(
+            f"campaign parameter {unused[0]}",
+            campaign.parameters[unused[0]],
+            f"a parameter one of its notebooks declares: {', '.join(sorted(used))}",
+        )
 
 
 def _relative(source: Path, notebook: str) -> str:
@@ -186,8 +218,9 @@ def run_campaign(
     :class:`~dsv4lab.errors.LaunchError` before anything runs when another campaign holds the host or the
     folder (:mod:`dsv4lab.campaignlock`).
     """
+    check_campaign(campaign)  # every step's parameters, before a folder is made or a kernel starts
     folder = Path(reports_root).resolve() / campaign.name
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     host = str(campaign.parameters.get("host") or "local")
     with campaign_lock(campaign.name, folder, host):
         return _run_steps(campaign, folder, force, execution_timeout_s, log_output, on_step)
@@ -412,7 +445,8 @@ def write_index(campaign: Campaign, folder: Path, states: Sequence[StepState]) -
     )
     out = folder / "index.html"
     tmp = out.with_name("index.html.tmp")
-    tmp.write_text(page, encoding="utf-8")
+    tmp.write_text(public_html(page, [folder]), encoding="utf-8")  # shared like a report: redacted, no script
+    tmp.chmod(0o600)
     tmp.replace(out)
     return out
 

@@ -115,9 +115,13 @@ def _cmd_config_fields(args: argparse.Namespace) -> int:
 def _cmd_preflight(args: argparse.Namespace) -> int:
     import json
 
-    from dsv4lab.memory import preflight, suggest
+    from dsv4lab.memory import check_plan, preflight, suggest
 
     config = _config_from_args(args)
+    try:
+        check_plan(args.concurrency, args.context_len, args.margin_gib)
+    except ConfigError as exc:
+        raise ConfigError("--" + exc.field.replace("_", "-"), exc.value, exc.allowed) from None
     p = preflight(config, args.hardware, args.model, sglang_version=args.sglang_version)
     options = (
         suggest(
@@ -169,6 +173,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from dsv4lab.launch import launch
 
     config = _config_from_args(args)
+    _check_twin_options(args)
     host = _host_from_args(args)
     twin_env = {"DSV4LAB_TWIN_HARDWARE": args.hardware} if args.twin else None
     if args.twin and args.time_scale is not None:
@@ -195,12 +200,45 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_twin_options(args: argparse.Namespace) -> None:
+    """The twin's options, named as typed, before a host is opened (``launch`` checks them again)."""
+    import math
+
+    from dsv4lab.hardware import hardware_profile
+    from dsv4lab.twin.faults import FAULTS, parse_fault
+
+    if not args.twin:
+        for flag, value in (("--time-scale", args.time_scale), ("--fault", args.fault)):
+            if value is not None:
+                raise ConfigError(flag, value, "only with --twin (it sets the twin, not SGLang)")
+        return
+    try:
+        hardware_profile(args.hardware)
+    except ConfigError as exc:
+        raise ConfigError("--hardware", args.hardware, exc.allowed) from None
+    if args.time_scale is not None and not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise ConfigError("--time-scale", args.time_scale, "a positive number (1 = real time, 0.05 = 20x faster)")
+    try:
+        parse_fault(args.fault)
+    except ConfigError:
+        raise ConfigError("--fault", args.fault, f"one of {', '.join(FAULTS)} (optionally NAME:VALUE)") from None
+
+
+def _positive(flag: str, value: float) -> None:
+    import math
+
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(flag, value, "a positive number of seconds")
+
+
 def _cmd_watch(args: argparse.Namespace) -> int:
     import json
 
     from dsv4lab.launch import attach
     from dsv4lab.watch import wait_ready
 
+    _positive("--timeout", args.timeout)
+    _positive("--stall-after", args.stall_after)
     handle = attach(_host_from_args(args), args.run_dir)
     result = wait_ready(
         handle,
@@ -221,6 +259,8 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 def _cmd_stop(args: argparse.Namespace) -> int:
     from dsv4lab.launch import attach
 
+    if not args.grace >= 0:
+        raise ConfigError("--grace", args.grace, "seconds >= 0 between SIGTERM and SIGKILL")
     handle = attach(_host_from_args(args), args.run_dir)
     print(handle.stop(grace_s=args.grace))
     return 0
@@ -252,12 +292,15 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     import json
 
     from dsv4lab.diagnosis import diagnose_with_model
+    from dsv4lab.logs.source import sniff_binary
 
     try:
         with open(args.logfile, "rb") as f:
-            f.read(1)
+            head = f.read(8192)
     except OSError as exc:
         raise ConfigError("LOGFILE", args.logfile, "a readable log file", detail=exc.strerror or str(exc)) from None
+    if sniff_binary(head):
+        raise ConfigError("LOGFILE", args.logfile, "a text server log", detail="it looks binary: NUL or control bytes")
     d = diagnose_with_model(
         args.logfile, hardware=args.hardware, model=args.model, calibration_logs=tuple(args.calibrate or ())
     )
@@ -403,6 +446,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _cmd_campaign(args)
 
 
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from dsv4lab.labserver import run_lab
+
+    return run_lab(args.port, args.notebooks)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsv4lab.bench.cli import bench_main
 
@@ -545,6 +594,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="a campaign parameter"
     )
     demo.set_defaults(func=_cmd_demo)
+
+    lab = verbs.add_parser("lab", help="JupyterLab on the notebooks, on 127.0.0.1 with a fresh token (prints its URL)")
+    lab.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
+    lab.add_argument("--notebooks", default=None, help="folder to open (default: a copy in ./dsv4lab-notebooks)")
+    lab.set_defaults(func=_cmd_lab)
     return parser
 
 

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab.errors import ConfigError, DSV4LabError, Interrupted, NotebookError
-from dsv4lab.experiment import RESULTS_FILE, read_results, write_json_atomic
+from dsv4lab.experiment import RESULTS_FILE, check_experiment_parameters, read_results, write_json_atomic
+from dsv4lab.report import redact_notebook_file
+from dsv4lab.secrets import collect_secrets
 
 __all__ = [
     "NOTEBOOK_DIR",
@@ -174,6 +176,8 @@ def check_parameters(path: str | Path, given: Mapping[str, Any]) -> dict[str, An
                 f"parameter {name} of {nb_path.stem}", value, f"one of its parameters: {', '.join(declared)}"
             )
         out[name] = _convert(nb_path.stem, p, value)
+    defaults = {n: _literal(p.default) if _literal(p.default) is not None else p.default for n, p in declared.items()}
+    check_experiment_parameters({**defaults, **out}, notebook=nb_path.stem)  # what they name, before a run dir
     return out
 
 
@@ -249,11 +253,11 @@ def _literal(text: str) -> Any:
 def new_run_dir(root: Path, name: str, *, now: _dt.datetime | None = None) -> Path:
     """``root/<YYYYmmdd-HHMMSS>-<name>``, created; a suffix keeps it unique: nothing is overwritten."""
     stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     for i in range(1, 1000):
         path = root / (f"{stamp}-{name}" if i == 1 else f"{stamp}-{name}-{i}")
         try:
-            path.mkdir()
+            path.mkdir(mode=0o700)  # private: a run's record is the user's to share, redacted
         except FileExistsError:
             continue
         return path.resolve()
@@ -412,6 +416,7 @@ def _finish(
     )
     if stopped:
         results["stopped_servers"] = stopped
+    redact_notebook_file(executed, collect_secrets(params))  # before anything reads it for people
     unsaved: list[str] = []
     try:
         write_json_atomic(out_dir / RESULTS_FILE, results)
