@@ -1,0 +1,503 @@
+"""The bad-input table: one row per hostile or wrong value per entry point, each refused before anything runs.
+
+Every row asserts what is shown — a :class:`~dsv4lab.errors.ConfigError` (or the CLI's one ``Error:`` line
+with exit status 2) naming the field, parameter or option and what it allows — and what is kept: nothing.
+No run dir, report folder or file appears in the working folder, and no process is left (or was started):
+the rows run the real CLI in this process, in a fresh folder, and compare the folder and this process's
+children before and after.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from dsv4lab import cli
+from dsv4lab.bench.workload import sharegpt_workload
+from dsv4lab.campaign import load_campaign
+from dsv4lab.config import ServerConfig, load
+from dsv4lab.errors import BenchError, ConfigError, LogError
+from dsv4lab.experiment import Experiment
+from dsv4lab.logs import parse_log
+from dsv4lab.memory import preflight
+from dsv4lab.presets import config_a
+from dsv4lab.sweeps import load_points
+
+# -- the inputs the rows point at ---------------------------------------------------------------------------------
+
+INPUTS: dict[str, str | bytes] = {
+    "notoml.toml": "this is = = not toml\n",
+    "unknown.toml": 'model_path = "deepseek-ai/DeepSeek-V4-Flash"\ntpp = 3\n',
+    "wrongtype.toml": 'model_path = "deepseek-ai/DeepSeek-V4-Flash"\ntp = "8"\n',
+    "list.json": "[1, 2]",
+    "binary.toml": b"\x00\x01\xff\xfe" * 64,
+    "binary.log": b"\x7fELF\x00\x00\x01" * 200,
+    "garbage.log": "lorem ipsum\n" * 50,
+    "notjson.json": "not json",
+    "empty.json": "[]",
+    "shape.json": '{"conversations": "not a list of them"}',
+    "noturn.json": '[{"conversations": [{"from": "human", "value": "hi"}]}]',
+    "nopoints.toml": "[sweep]\nname = 'x'\n",
+    "emptypoint.toml": "[[point]]\n",
+    "campaign-nosteps.toml": '[campaign]\nname = "x"\n',
+    "campaign-badtype.toml": (
+        '[campaign]\nname = "x"\n[[step]]\nid = "a"\nnotebook = "01_config_a_baseline"\n'
+        '[[step]]\nid = "b"\nnotebook = "04_config_b_fixed"\nparameters = { input_len = "long" }\n'
+    ),
+    "campaign-later.toml": (
+        '[campaign]\nname = "x"\n[[step]]\nid = "d"\nnotebook = "04_config_b_fixed"\n'
+        'inputs = { d_run_dir = "fix.run_dir" }\n[[step]]\nid = "fix"\nnotebook = "03_mtp_oom_diagnosis"\n'
+    ),
+    "campaign-nonotebook.toml": '[campaign]\nname = "x"\n[[step]]\nid = "a"\nnotebook = "99_nope"\n',
+    "campaign-badname.toml": '[campaign]\nname = "../escape"\n[[step]]\nnotebook = "01_config_a_baseline"\n',
+}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh folder with the inputs, as the working directory; nothing else may appear in it."""
+    for name, content in INPUTS.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+# -- CLI rows: (argv, what the message must name, what it must allow) ------------------------------------------------
+
+CLI_ROWS: list[tuple[str, list[str], str, str]] = [
+    # config
+    ("config: unknown field", ["config", "show", "--set", "tpp=3"], "tpp=", "one of model_path"),
+    (
+        "config: fraction 1.5",
+        ["config", "show", "--set", "mem_fraction_static=1.5"],
+        "mem_fraction_static=1.5",
+        "strictly between 0 and 1",
+    ),
+    ("config: port 80000", ["config", "show", "--set", "port=80000"], "port=80000", "from 1 to 65535"),
+    ("config: tp 3 on 128 heads", ["config", "show", "--set", "tp=3"], "tp=3", "divides the 128 attention heads"),
+    ("config: tp not a number", ["config", "show", "--set", "tp=eight"], "tp='eight'", "an integer"),
+    ("config: --set without =", ["config", "show", "--set", "mem_fraction_static"], "--set=", "FIELD=VALUE"),
+    ("config: env name", ["config", "render", "--set", "env.1BAD=x"], "env='1BAD'", "variable names of letters"),
+    (
+        "config: NUL in a value",
+        ["config", "render", "--set", "served_model_name=a\x00b"],
+        "served_model_name=",
+        "without NUL",
+    ),
+    (
+        "config: owned flag in extra_args",
+        ["config", "render", "--set", "extra_args=--tp-size 8"],
+        "extra_args=",
+        "set tp instead",
+    ),
+    (
+        "config: redacted secret",
+        ["config", "render", "--what", "env", "--set", "env.HF_TOKEN=[redacted]"],
+        "env.HF_TOKEN=",
+        "the real value",
+    ),
+    (
+        "config: unknown release",
+        ["config", "render", "--sglang-version", "latest"],
+        "'latest'",
+        "a version number like 0.5.23",
+    ),
+    ("config: file missing", ["config", "show", "--file", "missing.toml"], "path=", "a readable .toml or .json file"),
+    ("config: file not TOML", ["config", "show", "--file", "notoml.toml"], "toml=", "valid TOML"),
+    ("config: file binary", ["config", "show", "--file", "binary.toml"], "path=", "a readable .toml or .json file"),
+    ("config: file unknown field", ["config", "show", "--file", "unknown.toml"], "tpp=3", "a known field"),
+    ("config: file wrong type", ["config", "show", "--file", "wrongtype.toml"], "tp='8'", "an integer"),
+    ("config: file a list", ["config", "show", "--file", "list.json"], "config=[1, 2]", "a table/object"),
+    ("config: diff of a non-config", ["config", "diff", "config_a", "nope"], "config='nope'", "a preset"),
+    # preflight
+    ("preflight: hardware", ["preflight", "--hardware", "gpu9000"], "hardware='gpu9000'", "one of rtx-pro-6000-x8"),
+    ("preflight: tp 16 on 8 GPUs", ["preflight", "--set", "tp=16"], "tp=16", "at most 8 GPUs"),
+    ("preflight: tp 3", ["preflight", "--set", "tp=3"], "tp=3", "divides the 128 attention heads"),
+    ("preflight: model", ["preflight", "--model", "llama-9"], "model='llama-9'", "a known model"),
+    ("preflight: concurrency 0", ["preflight", "--concurrency", "0"], "--concurrency=0", "an integer >= 1"),
+    ("preflight: context -5", ["preflight", "--context-len", "-5"], "--context-len=-5", "an integer >= 1"),
+    ("preflight: margin -1", ["preflight", "--margin-gib", "-1"], "--margin-gib=-1", "non-negative"),
+    # launch (each with a run dir that must not appear)
+    ("launch: tp 3", ["launch", "--twin", "--set", "tp=3", "--run-dir", "run"], "tp=3", "divides the 128"),
+    (
+        "launch: tp 16 on the twin",
+        ["launch", "--twin", "--set", "tp=16", "--run-dir", "run"],
+        "tp=16",
+        "at most 8 GPUs",
+    ),
+    (
+        "launch: twin hardware",
+        ["launch", "--twin", "--hardware", "gpu9000", "--run-dir", "run"],
+        "--hardware=",
+        "one of rtx",
+    ),
+    (
+        "launch: time scale 0",
+        ["launch", "--twin", "--time-scale", "0", "--run-dir", "run"],
+        "--time-scale=0",
+        "positive number",
+    ),
+    (
+        "launch: time scale nan",
+        ["launch", "--twin", "--time-scale", "nan", "--run-dir", "run"],
+        "--time-scale=nan",
+        "positive",
+    ),
+    (
+        "launch: unknown fault",
+        ["launch", "--twin", "--fault", "meteor", "--run-dir", "run"],
+        "--fault='meteor'",
+        "one of silent_death",
+    ),
+    (
+        "launch: fault without twin",
+        ["launch", "--fault", "nccl_error", "--run-dir", "run"],
+        "--fault=",
+        "only with --twin",
+    ),
+    ("launch: port 0", ["launch", "--twin", "--set", "port=0", "--run-dir", "run"], "port=0", "from 1 to 65535"),
+    (
+        "launch: host with shell",
+        ["launch", "--twin", "--set", "host=0.0.0.0;rm", "--run-dir", "run"],
+        "host=",
+        "a host name or IP",
+    ),
+    (
+        "launch: release",
+        ["launch", "--twin", "--sglang-version", "v-next", "--run-dir", "run"],
+        "'v-next'",
+        "a version number",
+    ),
+    # watch / stop: checked before the run dir is even looked at
+    ("watch: timeout -5", ["watch", "run", "--timeout", "-5"], "--timeout=-5", "a positive number of seconds"),
+    ("watch: stall 0", ["watch", "run", "--stall-after", "0"], "--stall-after=0", "a positive number of seconds"),
+    ("stop: grace -1", ["stop", "run", "--grace", "-1"], "--grace=-1", "seconds >= 0"),
+    # bench (no server is asked anything)
+    ("bench: url scheme", ["bench", "--url", "ftp://127.0.0.1:9"], "--url=", "http(s)://HOST:PORT"),
+    ("bench: port 80000", ["bench", "--port", "80000"], "--port=80000", "1-65535"),
+    (
+        "bench: concurrency 0",
+        ["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"],
+        "--concurrency=",
+        "integers >= 1",
+    ),
+    (
+        "bench: prompts 0",
+        ["bench", "--url", "http://127.0.0.1:9", "--num-prompts", "0"],
+        "--num-prompts=0",
+        "integer >= 1",
+    ),
+    (
+        "bench: range 1.5",
+        ["bench", "--url", "http://127.0.0.1:9", "--range-ratio", "1.5"],
+        "--range-ratio=1.5",
+        "between 0 and 1",
+    ),
+    (
+        "bench: body not JSON",
+        ["bench", "--url", "http://127.0.0.1:9", "--extra-request-body", "{x"],
+        "--extra-request-body=",
+        "a JSON object",
+    ),
+    (
+        "bench: header",
+        ["bench", "--url", "http://127.0.0.1:9", "--header", "novalue"],
+        "--header='novalue'",
+        "KEY=VALUE",
+    ),
+    ("bench: goodput", ["bench", "--url", "http://127.0.0.1:9", "--goodput", "ttft:-1"], "--goodput=", "MS > 0"),
+    (
+        "bench: temperature",
+        ["bench", "--url", "http://127.0.0.1:9", "--temperature", "-1"],
+        "request options",
+        "temperature",
+    ),
+    ("bench: rate 0", ["bench", "--url", "http://127.0.0.1:9", "--request-rate", "0"], "load options", "request_rate"),
+    (
+        "bench: dataset missing",
+        ["bench", "--url", "http://127.0.0.1:9", "--dataset-path", "none.json"],
+        "--dataset-path=",
+        "ShareGPT JSON list",
+    ),
+    (
+        "bench: dataset not JSON",
+        ["bench", "--url", "http://127.0.0.1:9", "--dataset-path", "notjson.json"],
+        "--dataset-path=",
+        "ShareGPT JSON list",
+    ),
+    (
+        "bench: dataset binary",
+        ["bench", "--url", "http://127.0.0.1:9", "--dataset-path", "binary.log"],
+        "--dataset-path=",
+        "ShareGPT JSON list",
+    ),
+    (
+        "bench: dataset empty",
+        ["bench", "--url", "http://127.0.0.1:9", "--dataset-path", "empty.json"],
+        "--dataset-path=",
+        "at least one",
+    ),
+    (
+        "bench: dataset shape",
+        ["bench", "--url", "http://127.0.0.1:9", "--dataset-path", "shape.json"],
+        "--dataset-path=",
+        "ShareGPT JSON list",
+    ),
+    (
+        "bench: dataset one turn",
+        ["bench", "--url", "http://127.0.0.1:9", "--dataset-path", "noturn.json"],
+        "--dataset-path=",
+        "at least one",
+    ),
+    (
+        "bench: sharegpt without file",
+        ["bench", "--url", "http://127.0.0.1:9", "--dataset-name", "sharegpt"],
+        "--dataset-name=",
+        "--dataset-path FILE",
+    ),
+    # diagnose: a log that cannot be one
+    ("diagnose: missing log", ["diagnose", "missing.log"], "LOGFILE='missing.log'", "a readable log file"),
+    ("diagnose: a folder", ["diagnose", "."], "LOGFILE='.'", "a readable log file"),
+    ("diagnose: binary log", ["diagnose", "binary.log"], "LOGFILE='binary.log'", "a text server log"),
+    # run: notebook parameters, checked before a run dir or a kernel
+    ("run: unknown notebook", ["run", "99_nope"], "notebook='99_nope'", "01_config_a_baseline"),
+    (
+        "run: unknown parameter",
+        ["run", "01", "-p", "nope", "1"],
+        "parameter nope of 01_config_a_baseline",
+        "one of its parameters",
+    ),
+    (
+        "run: not a number",
+        ["run", "01", "-p", "time_scale", "fast"],
+        "parameter time_scale of 01_config_a_baseline",
+        "a number",
+    ),
+    (
+        "run: time scale -1",
+        ["run", "01", "-p", "time_scale", "-1"],
+        "parameter time_scale of 01_config_a_baseline",
+        "positive",
+    ),
+    ("run: concurrency 0", ["run", "01", "-p", "concurrency", "0"], "parameter concurrency", "integers >= 1"),
+    ("run: repeats 2", ["run", "01", "-p", "repeats", "2"], "parameter repeats", "an integer >= 3"),
+    ("run: target", ["run", "01", "-p", "target", "vllm"], "parameter target", "twin (the SGLang twin"),
+    ("run: hardware", ["run", "01", "-p", "hardware", "gpu9000"], "parameter hardware", "one of rtx-pro-6000-x8"),
+    ("run: release", ["run", "01", "-p", "sglang_version", "latest"], "parameter sglang_version", "a version number"),
+    ("run: preset", ["run", "04", "-p", "preset", "config_z"], "parameter preset", "a preset: config_a"),
+    (
+        "run: overrides tp 3",
+        ["run", "01", "-p", "overrides", "tp=3"],
+        "parameter overrides",
+        "divides the 128 attention heads",
+    ),
+    ("run: overrides field", ["run", "01", "-p", "overrides", "tpp=3"], "parameter overrides", "one of model_path"),
+    (
+        "run: overrides 1.5",
+        ["run", "01", "-p", "overrides", "mem_fraction_static=1.5"],
+        "parameter overrides",
+        "strictly between",
+    ),
+    (
+        "run: overrides quote",
+        ["run", "01", "-p", "overrides", "model_path='x"],
+        "parameter overrides",
+        "field=value pairs",
+    ),
+    ("run: fix", ["run", "04", "-p", "fix", "cuda_graph_max_bs=0"], "parameter fix", "an integer >= 1"),
+    (
+        "run: earlier run dir",
+        ["run", "03", "-p", "b_run_dir", "nowhere"],
+        "parameter b_run_dir",
+        "the run dir of the earlier step",
+    ),
+    # campaign
+    ("campaign: file missing", ["campaign", "missing.toml"], "campaign=", "a readable campaign .toml file"),
+    ("campaign: not TOML", ["campaign", "notoml.toml"], "campaign=", "valid TOML"),
+    ("campaign: binary", ["campaign", "binary.toml"], "campaign=", "valid TOML"),
+    ("campaign: no steps", ["campaign", "campaign-nosteps.toml"], "campaign.step=", "one or more [[step]]"),
+    ("campaign: step 2 type", ["campaign", "campaign-badtype.toml"], "step b: parameter input_len", "an integer"),
+    ("campaign: later input", ["campaign", "campaign-later.toml"], "step d: input d_run_dir", "earlier steps"),
+    ("campaign: notebook", ["campaign", "campaign-nonotebook.toml"], "notebook='99_nope'", "a .ipynb file"),
+    ("campaign: name", ["campaign", "campaign-badname.toml"], "campaign.name=", "letters, digits"),
+    ("campaign: unused parameter", ["campaign", "-p", "tiemscale", "0.02"], "campaign parameter tiemscale", "declares"),
+    ("campaign: bad value", ["campaign", "-p", "time_scale", "-1"], "step a: parameter time_scale", "positive"),
+    (
+        "campaign: bad overrides",
+        ["campaign", "-p", "overrides", "tp=3"],
+        "step a: parameter overrides",
+        "divides the 128",
+    ),
+    # sweep
+    (
+        "sweep: one bad point",
+        ["sweep", "04", "-p", "mem_fraction_static", "0.5,1.5"],
+        "sweep point mem_fraction_static=1.5",
+        "strictly between",
+    ),
+    ("sweep: unknown key", ["sweep", "04", "-p", "nope", "1,2"], "sweep parameter nope", "a config field"),
+    ("sweep: no grid", ["sweep", "04"], "-p=", "a swept parameter"),
+    ("sweep: points missing", ["sweep", "04", "--points", "missing.toml"], "points=", "a readable TOML file"),
+    ("sweep: points binary", ["sweep", "04", "--points", "binary.toml"], "points=", "a readable TOML file"),
+    ("sweep: no points", ["sweep", "04", "--points", "nopoints.toml"], "points=", "[[point]] tables"),
+    ("sweep: empty point", ["sweep", "04", "--points", "emptypoint.toml"], "points=", "[[point]] tables"),
+    # lab
+    ("lab: port", ["lab", "--port", "70000"], "--port=70000", "a TCP port"),
+    ("lab: folder", ["lab", "--notebooks", "nowhere"], "--notebooks='nowhere'", "an existing folder"),
+]
+
+
+@pytest.mark.parametrize(("argv", "names", "allows"), [r[1:] for r in CLI_ROWS], ids=[r[0] for r in CLI_ROWS])
+def test_cli_refuses_with_one_line_naming_what_and_what_is_allowed(
+    workdir: Path, capsys: pytest.CaptureFixture[str], argv: list[str], names: str, allows: str
+) -> None:
+    before, procs = _tree(workdir), _children()
+    status = cli.main(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2, (status, out, err)
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    assert names in lines[0] and allows in lines[0], lines[0]
+    assert "Traceback" not in err and not out.strip()
+    assert _tree(workdir) == before, "something was written"
+    assert _children() <= procs, "a process was started"
+
+
+# -- library entry points: the same rules, as ConfigError (or the documented LogError/BenchError) ---------------------
+
+
+def _row(fn: Callable[[], Any], field: str, allows: str) -> tuple[Callable[[], Any], str, str]:
+    return fn, field, allows
+
+
+LIBRARY_ROWS: dict[str, tuple[Callable[[], Any], str, str]] = {
+    # notebook parameters as a kernel sees them
+    "notebook: time scale text": _row(
+        lambda: Experiment.from_namespace({"time_scale": "fast"}, notebook="nb"), "time_scale", "a number"
+    ),
+    "notebook: concurrency text": _row(
+        lambda: Experiment.from_namespace({"concurrency": "1,x"}, notebook="nb"), "parameter concurrency", ">= 1"
+    ),
+    "notebook: target": _row(lambda: Experiment.from_namespace({"target": 3}), "parameter target", "a string"),
+    "notebook: overrides": _row(
+        lambda: Experiment.from_namespace({"overrides": "tp"}, notebook="nb"), "parameter overrides", "field=value"
+    ),
+    # config files and values
+    "config: tp 3 in code": _row(lambda: config_a().replace(tp=3), "tp", "divides the 128 attention heads"),
+    "config: dp attention": _row(
+        lambda: config_a().replace(tp=8, dp=8, extra_args=("--enable-dp-attention",)).replace(tp=24, dp=8),
+        "tp",
+        "tp / dp",
+    ),
+    "config: preflight with the model named": _row(
+        lambda: preflight(ServerConfig(model_path="/data/weights", tp=6), "rtx-pro-6000-x8", "deepseek-v4-flash"),
+        "tp",
+        "divides the 128",
+    ),
+    "config: load missing": _row(lambda: load("missing.toml"), "path", "a readable .toml or .json file"),
+    "config: load binary": _row(lambda: load("binary.toml"), "path", "a readable .toml or .json file"),
+    "config: load list": _row(lambda: load("list.json"), "config", "a table/object"),
+    "config: load wrong type": _row(lambda: load("wrongtype.toml"), "tp", "an integer"),
+    "config: from_dict NaN": _row(
+        lambda: ServerConfig.from_dict({"model_path": "m", "mem_fraction_static": float("nan")}),
+        "mem_fraction_static",
+        "strictly between 0 and 1",
+    ),
+    "config: bool for int": _row(lambda: ServerConfig(model_path="m", tp=True), "tp", "an integer"),
+    "config: newline in path": _row(
+        lambda: ServerConfig(model_path="m\n; rm -rf ~"), "model_path", "without NUL, CR or LF"
+    ),
+    # campaign and sweep files
+    "campaign: not TOML": _row(lambda: load_campaign("notoml.toml"), "campaign", "valid TOML"),
+    "campaign: no steps": _row(lambda: load_campaign("campaign-nosteps.toml"), "campaign.step", "[[step]]"),
+    "sweep points: none": _row(lambda: load_points("nopoints.toml"), "points", "[[point]] tables"),
+    "sweep points: binary": _row(lambda: load_points("binary.toml"), "points", "a readable TOML file"),
+}
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_ROWS))
+def test_library_entry_points_raise_config_error_naming_the_field(workdir: Path, name: str) -> None:
+    fn, field, allows = LIBRARY_ROWS[name]
+    before = _tree(workdir)
+    with pytest.raises(ConfigError) as info:
+        fn()
+    assert field in info.value.field and allows in info.value.allowed, str(info.value)
+    assert _tree(workdir) == before
+
+
+def test_logs_and_datasets_raise_their_documented_errors(workdir: Path) -> None:
+    with pytest.raises(LogError, match="binary"):
+        list(parse_log("binary.log"))
+    with pytest.raises(LogError, match="does not exist"):
+        list(parse_log("missing.log"))
+    assert list(parse_log("garbage.log")) is not None  # text that is no server log is read, not refused
+    for name, why in (
+        ("notjson.json", "cannot read"),
+        ("binary.log", "cannot read"),
+        ("empty.json", "no usable"),
+        ("shape.json", "JSON list"),
+    ):
+        with pytest.raises(BenchError, match=why):
+            sharegpt_workload(name, 4)
+
+
+def test_garbage_and_huge_lines_are_diagnosed_not_refused(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A text file that is no server log, or one 5 MB line, is read (each line capped) and said to be unknown."""
+    (workdir / "huge.log").write_text("x" * 5_000_000, encoding="utf-8")
+    for name in ("garbage.log", "huge.log"):
+        assert cli.main(["diagnose", name, "--json"]) == 0
+        verdict = json.loads(capsys.readouterr().out)
+        assert verdict["outcome"] == "unknown" and "No SGLang or vLLM log lines" in verdict["cause"]
+
+
+# -- widget fields: shown at the control, never raised ---------------------------------------------------------------
+
+WIDGET_ROWS: list[tuple[str, str, Any, str]] = [
+    ("tp 3", "tp", 3, "divides the 128 attention heads"),
+    ("tp 16", "tp", 16, "at most 8 GPUs"),
+    ("empty model", "model_path", "   ", "a non-empty Hugging Face id"),
+    ("context text", "context_length", "lots", "an integer"),
+    ("batch sizes descending", "cuda_graph_bs", "16, 8", "strictly ascending"),
+    ("env without =", "env", "HF_TOKEN", "NAME=value lines"),
+    ("env bad name", "env", "1BAD=x", "variable names"),
+    ("extra args owned flag", "extra_args", "--tp-size 8", "set tp instead"),
+    ("dist addr", "dist_init_addr", "node0", "HOST:PORT"),
+    ("name on two lines", "served_model_name", "a\nb", "a single line"),
+]
+
+
+@pytest.mark.parametrize(("control", "value", "allows"), [r[1:] for r in WIDGET_ROWS], ids=[r[0] for r in WIDGET_ROWS])
+def test_widget_fields_show_the_error_at_the_control(control: str, value: Any, allows: str) -> None:
+    from dsv4lab.widgets import ConfigPanel
+
+    p = ConfigPanel(preset="config_b_fixed", debounce_s=0, charts=False)
+    widget = p.controls[control]
+    if widget.toggle is not None:
+        widget.toggle.value = True
+    widget.input.value = value  # what a front end does; must not raise
+    errors = p.errors()
+    assert control in errors and allows in errors[control], errors
+    assert p.verdict == "invalid" and p.buttons["launch"].disabled and p.server is None
+
+
+def test_rows_cover_every_entry_point() -> None:
+    verbs = {r[1][0] for r in CLI_ROWS}
+    assert verbs >= {"config", "preflight", "launch", "watch", "stop", "bench", "diagnose", "run", "campaign", "sweep"}
+    assert len(CLI_ROWS) + len(LIBRARY_ROWS) + len(WIDGET_ROWS) >= 100
