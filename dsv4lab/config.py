@@ -464,8 +464,10 @@ class ServerConfig:
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
+        from dsv4lab.secrets import collect_secrets, redact_data
 
-        rows = [{"field": k, "value": _fmt(v), "meaning": field_help(k)} for k, v in _flatten(self).items()]
+        shown = redact_data(_flatten(self), collect_secrets(self))  # a notebook output: no token in it
+        rows = [{"field": k, "value": _fmt(v), "meaning": field_help(k)} for k, v in shown.items()]
         return hv.card(f"server config ({self.name})", hv.table(rows, max_rows=12))
 
 
@@ -504,7 +506,19 @@ class ConfigChange:
     after: Any
 
     def __str__(self) -> str:
-        return f"{self.field}: {_fmt(self.before)} -> {_fmt(self.after)}"
+        before, after = self.shown()
+        return f"{self.field}: {before} -> {after}"
+
+    def shown(self) -> tuple[str, str]:
+        """(before, after) as printed: secret values (``env.HF_TOKEN``) masked, a diff is shown and shared."""
+        from dsv4lab.secrets import REDACTED, is_secret_name
+
+        secret = is_secret_name(self.field)
+
+        def show(value: Any) -> str:
+            return REDACTED if secret and isinstance(value, str) and value else _fmt(value)
+
+        return show(self.before), show(self.after)
 
 
 @dataclass(frozen=True)
@@ -533,7 +547,7 @@ class ConfigDiff:
 
         if not self.changes:
             return hv.card("config diff", hv.p("No differences."))
-        rows = [{"field": c.field, "A": _fmt(c.before), "B": _fmt(c.after)} for c in self.changes]
+        rows = [{"field": c.field, "A": c.shown()[0], "B": c.shown()[1]} for c in self.changes]
         return hv.card("config diff", hv.table(rows))
 
 

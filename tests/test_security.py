@@ -406,10 +406,9 @@ def test_unknown_host_key_stops_before_any_command(sshd: SSHD, tmp_path: Path) -
 
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    with pytest.raises(HostKeyError, match="SHA256:"):
-        host = sshd.connect(known_hosts=str(empty))
-        host.run(["touch", str(tmp_path / "ran")], timeout_s=10)
-    assert not (tmp_path / "ran").exists() and empty.read_text() == ""
+    with pytest.raises(HostKeyError, match="SHA256:"):  # at connect: no host object, so no command can run
+        sshd.connect(known_hosts=str(empty))
+    assert empty.read_text() == ""  # and nothing was recorded
 
 
 _HOSTILE = st.lists(
@@ -464,3 +463,16 @@ def test_home_paths_outside_the_run_dir_are_written_with_a_tilde() -> None:
     text = "/home/ana/models/x and /home/ana/reports/run-1/server.log and /home/anathema/y and /home/ana"
     out = scrub_home(text, ["/home/ana/reports/run-1"], home="/home/ana")
     assert out == "~/models/x and /home/ana/reports/run-1/server.log and /home/anathema/y and ~"
+
+
+def test_configs_and_diffs_shown_in_a_notebook_hide_the_token() -> None:
+    """A token with no tell-tale shape set in a cell: the config card and the diff a notebook shows mask it."""
+    from dsv4lab.config import diff
+    from dsv4lab.presets import config_a
+
+    a = config_a()
+    b = a.with_overrides({"env.HF_TOKEN": "plainvalue42"})
+    assert "plainvalue42" not in b._repr_html_() and "env.HF_TOKEN" in b._repr_html_()
+    assert str(diff(a, b)) == f"env.HF_TOKEN: (unset) -> {REDACTED}"
+    assert "plainvalue42" not in diff(a, b)._repr_html_()
+    assert diff(a, b).as_dict()["env.HF_TOKEN"]["after"] == "plainvalue42"  # the data itself is not changed
