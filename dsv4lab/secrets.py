@@ -42,9 +42,9 @@ __all__ = [
 #: What a secret value becomes. Plain ASCII without shell or HTML meaning, and obviously not a token.
 REDACTED = "[redacted]"
 
-#: Known values shorter than this are not replaced as free text ("1", "yes" would wreck a log); their
-#: name-based redaction still applies.
-MIN_KNOWN_LEN = 6
+#: Known values shorter than this are not replaced as free text ("1", "yes" would wreck a log, and a short
+#: value is more likely to sit inside a path a record must keep); their name-based redaction still applies.
+MIN_KNOWN_LEN = 8
 
 _LAST_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS", "CREDENTIAL", "APIKEY"})
 _ANY_WORDS = frozenset({"SECRET", "PASSWORD", "PASSWD", "APIKEY", "CREDENTIALS"})
