@@ -127,5 +127,3 @@ def test_preflight_set_and_hardware() -> None:
     bad = run_cli("preflight", "--preset", "config_a", "--hardware", "a100")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "Error: hardware='a100' is not valid: one of rtx-pro-6000-x8, h200-x8, tiny"
-
-
