@@ -364,7 +364,8 @@ class SSHHost(Host):
                         raise _Dropped(f"the SSH connection to {self.name} dropped during `{shown}`")
                 status = chan.recv_exit_status()
             finally:
-                chan.close()
+                with contextlib.suppress(*_CONNECTION_ERRORS):  # a finished command's status stands
+                    chan.close()
         except _CONNECTION_ERRORS as exc:
             raise _Dropped(f"the SSH connection to {self.name} failed during `{shown}`: {exc}") from exc
         return status, bytes(out), bytes(err), time.monotonic() - start, False

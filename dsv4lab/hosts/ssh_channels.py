@@ -192,8 +192,12 @@ class SSHForwarder:
         except _CONNECTION_ERRORS:
             pass
         finally:
-            chan.close()
-            conn.close()
+            # The local end first, and whatever happens to the channel: closing a channel of a connection
+            # that just died raises, and a client left with an open socket waits out its whole request timeout.
+            with contextlib.suppress(OSError):
+                conn.close()
+            with contextlib.suppress(*_CONNECTION_ERRORS):
+                chan.close()
 
     def close(self) -> None:
         self._stop.set()
