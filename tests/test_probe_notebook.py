@@ -9,6 +9,8 @@ import nbformat
 import papermill
 import pytest
 
+from tests.test_faults_support import no_processes_left
+
 pytestmark = pytest.mark.slow
 
 CELLS = [
@@ -40,6 +42,7 @@ def test_probe_notebook_runs_under_papermill(tmp_path: Path) -> None:
     text = out.read_text()
     assert "CRASHED" in text and "memory preflight" in text and "benchmark runs" in text
     assert "unpkg.com" not in text and "application/vnd.jupyter.widget" not in text  # nothing needs a CDN
-    assert not list((tmp_path / "runs").glob("*/server.pid")) or all(
-        not Path(f"/proc/{p.read_text().strip()}").exists() for p in (tmp_path / "runs").glob("*/server.pid")
-    )
+    # The kernel's exit stopped what the notebook started (no lab.close() in it). Zombies do not count: a
+    # container's PID 1 may never reap the reparented twin processes.
+    for run_dir in sorted((tmp_path / "runs").iterdir()):
+        no_processes_left(run_dir)

@@ -321,6 +321,9 @@ async def run_async(
                 reporter.update(fraction=k / total, detail=f"{k}/{total} requests")
 
             records = await state.execute(specs, payloads, schedule, load.concurrency, origin, on_done)
+            # The last requests failing can end the run while the probe they started is still asking: its
+            # answer decides whether this is a finished run with errors or one cut by a dead server.
+            await state.watch.settle()
     except asyncio.CancelledError:
         if not state.interrupted:  # stopped before any request went out: there is nothing to keep
             if own_progress:
