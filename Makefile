@@ -53,8 +53,12 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
+# Two workers (pytest-xdist), a test file to each: most tests wait on processes, kernels and the twin's
+# clock, not on a CPU; a file's module fixtures (the campaign) run once.
+PYTEST_WORKERS ?= 2
+
 pytest: install sshd chromium sglang-parsers
-	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) $(PY) -m pytest -q
+	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: pytest lint typecheck
 

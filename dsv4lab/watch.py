@@ -92,7 +92,8 @@ VERDICT_STATE: dict[Verdict, State] = {
 
 @dataclass(frozen=True)
 class PhaseMark:
-    """A startup phase first seen ``t`` seconds after the watch began."""
+    """A startup phase first seen ``t`` seconds after the launch (or after the watch began, for a watch
+    begun more than :data:`LAUNCH_CLOCK_MAX_S` after it)."""
 
     phase: str
     t: float
@@ -100,7 +101,9 @@ class PhaseMark:
 
 @dataclass(frozen=True)
 class Readiness:
-    """The watcher's verdict, with the evidence behind it."""
+    """The watcher's verdict, with the evidence behind it. ``elapsed_s`` and the timeline count from the
+    launch when the watch began within :data:`LAUNCH_CLOCK_MAX_S` of it, else from the watch's start;
+    ``detected_after_s`` is always from the first sign (a fatal line, the process gone) to the verdict."""
 
     verdict: Verdict
     reason: str
@@ -242,6 +245,17 @@ def wait_ready(
     return result
 
 
+#: A watch begun this soon after its launch counts time from the launch (what "READY after N s" means to
+#: a reader); one begun later (an attach, a restarted kernel) counts from itself, since the phases it reads
+#: from old log lines were not reached when it read them.
+LAUNCH_CLOCK_MAX_S = 60.0
+
+
+def _clock_origin(handle: ServerHandle, now: float) -> float:
+    age = time.time() - handle.started_at
+    return now - age if 0.0 <= age <= LAUNCH_CLOCK_MAX_S else now
+
+
 class _Watch:
     """The state of one watch: what has been seen, and the connections to close."""
 
@@ -250,6 +264,7 @@ class _Watch:
         self.hardware = hardware or str(handle.extra.get("twin_env", {}).get("DSV4LAB_TWIN_HARDWARE") or "") or None
         self.keep_running = keep_running
         self.start = time.monotonic()
+        self.origin = _clock_origin(handle, self.start)
         self.head: list[str] = []  # the first lines hold server_args, which the diagnosis's memory model needs
         self.lines: deque[str] = deque(maxlen=_KEEP_LINES)
         self.timeline: list[PhaseMark] = []
@@ -272,7 +287,7 @@ class _Watch:
         # Ranks interleave their lines: a phase counts once, when the first rank reaches it.
         if all(m.phase != phase for m in self.timeline):
             self.last_phase = phase
-            self.timeline.append(PhaseMark(phase, time.monotonic() - self.start))
+            self.timeline.append(PhaseMark(phase, time.monotonic() - self.origin))
             if self.bar is not None:
                 self.bar.update(phase)
 
@@ -318,7 +333,7 @@ class _Watch:
             evidence,
             exit_status,
             tuple(self.timeline),
-            now - self.start,
+            now - self.origin,
             None if detected_from is None else now - detected_from,
             self.last_phase,
             diag,

@@ -7,14 +7,17 @@ a skip there would hide a broken setup.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from dsv4lab.hosts import Host, LocalHost, SSHHost
 from tests.sshd import SSHD, sshd_binary, start_sshd
+from tests.test_faults_support import processes_of
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -74,3 +77,41 @@ def any_host(request: pytest.FixtureRequest) -> Host:
         return LocalHost()
     host: Host = request.getfixturevalue("ssh_host" if request.param == "ssh" else "ssh_host_no_sftp")
     return host
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Campaign tests first: under pytest-xdist (--dist loadfile) their file runs on one worker, and the
+    longest file (minutes) started last would leave the other worker idle at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("campaign") is None)
+
+
+#: How long a test's processes get to end after its teardown before they count as left behind.
+LEFT_BEHIND_GRACE_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that ran something in its tmp_path must not leave it running (a twin left by one test ran
+    for hours beside the others, taking ports and CPU). Set up first, so this looks after every other
+    fixture of the test has been torn down; what it finds is killed and the test fails naming it."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp = request.getfixturevalue("tmp_path")
+    yield
+    deadline = time.monotonic() + LEFT_BEHIND_GRACE_S
+    left = processes_of(tmp)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes_of(tmp)
+    if not left:
+        return
+    import psutil
+
+    described = []
+    for pid in left:
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            described.append(f"{pid}: {' '.join(p.cmdline())[:160]}")
+            p.kill()
+    pytest.fail(f"left running after the test (now killed): {described}")

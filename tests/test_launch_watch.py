@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -172,9 +173,10 @@ def test_dead_process_with_old_log_is_crashed_at_once(tmp_path: Path, handles: l
     for p in reversed(_tree_pids(h)):  # killed from outside, without a word in the log
         os.kill(p, 9)
     time.sleep(0.2)
+    began = time.monotonic()
     r = wait_ready(h, 60, stall_after_s=60, progress=False)
     assert r.verdict is Verdict.CRASHED
-    assert r.elapsed_s < 3
+    assert time.monotonic() - began < 3
 
 
 # -- interrupt, stale port, re-attach ----------------------------------------------------------------------------
@@ -408,3 +410,28 @@ def test_launcher_that_dies_before_the_log_is_explained(tmp_path: Path, handles:
     assert r.verdict is Verdict.CRASHED
     assert "exited with status 1" in r.reason
     assert any("missing.sh: No such file or directory" in line for line in r.evidence), r.evidence
+
+
+def test_elapsed_and_phases_count_from_the_launch_when_watched_right_after(
+    tmp_path: Path, handles: list[ServerHandle]
+) -> None:
+    # "READY after 0.1 s" for a server that took 3 s to start was the watch's age, not the startup's.
+    h = launch(
+        LocalHost(),
+        tiny(free_port()),
+        str(tmp_path / "l"),
+        target="twin",
+        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny"),
+    )
+    handles.append(h)
+    while time.time() - h.started_at < 1.0:
+        time.sleep(0.05)
+    began = time.monotonic()
+    r = wait_ready(h, 60, progress=False)
+    assert r.verdict is Verdict.READY
+    assert r.elapsed_s >= 1.0 + (time.monotonic() - began) - 0.5
+    assert r.timeline and all(m.t >= 0 for m in r.timeline)
+    # A watch begun long after the launch (an attach) counts from itself: its phases come from old lines.
+    old = dataclasses.replace(h, started_at=h.started_at - 3600)
+    again = wait_ready(old, 60, progress=False)
+    assert again.verdict is Verdict.READY and again.elapsed_s < 60

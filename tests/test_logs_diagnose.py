@@ -167,6 +167,31 @@ def test_runtime_errors_survived_do_not_fail_the_run() -> None:
     assert diagnose(lines).outcome is Outcome.READY
 
 
+def test_a_batch_line_racing_the_traceback_out_is_not_survival() -> None:
+    # The scheduler's batch logger can print once more in the instant its rank dies: the same millisecond
+    # is not a server that lived on (seen in a CI run: "the failing process's own error is not in the log").
+    crash = [
+        "[2026-11-30 15:06:25.173] The server is fired up and ready to roll!",
+        "[2026-11-30 15:06:27.168 TP0] Decode batch, #running-req: 2, #token: 846, token usage: 0.00, "
+        "cuda graph: True, gen throughput (token/s): 14107.86, #queue-req: 0",
+        "[2026-11-30 15:06:27.174 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/p/sglang/srt/managers/scheduler.py", line 1102, in event_loop_overlap',
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "[2026-11-30 15:06:27.174 TP0] Decode batch, #running-req: 2, #token: 926, token usage: 0.00, "
+        "cuda graph: True, gen throughput (token/s): 14170.78, #queue-req: 0",
+        "[2026-11-30 15:06:27.174] SIGQUIT received. signum=3, frame=None. It usually means one child failed.",
+    ]
+    d = diagnose(crash)
+    assert (d.outcome, d.phase) == (Outcome.CRASH, Phase.SERVING) and "illegal memory access" in d.cause
+    # The same within one second of a log without milliseconds.
+    coarse = [line.replace(line[20:24], "", 1) if line.startswith("[2026") else line for line in crash]
+    assert coarse[2].startswith("[2026-11-30 15:06:27 TP0]")
+    assert "illegal memory access" in diagnose(coarse).cause
+    # A batch a moment later is: the server lived through that error.
+    later = [*crash[:5], crash[5].replace("15:06:27.174", "15:06:28.001")]
+    assert diagnose(later).outcome is Outcome.READY
+
+
 def test_runtime_oom_while_serving() -> None:
     lines = [
         "[2026-03-02 09:01:44] The server is fired up and ready to roll!",

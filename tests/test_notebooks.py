@@ -20,6 +20,10 @@ from dsv4lab.errors import ConfigError
 from dsv4lab.nbrun import NOTEBOOK_DIR, check_parameters, find_notebook, list_notebooks, notebook_parameters
 from tests.browser import launch_chromium
 
+#: The campaigns take the host's campaign lock and the module's campaign fixture must run once: `make test`
+#: gives each file to one pytest-xdist worker (--dist loadfile), and this one is scheduled first.
+pytestmark = pytest.mark.campaign
+
 ROOT = Path(__file__).resolve().parents[1]
 STORY = [
     "01_config_a_baseline",

@@ -76,15 +76,24 @@ def judge(run: RunState, engine: Engine | None, truncated: bool, lines: int, not
 # -- which error ----------------------------------------------------------------------------------------------
 
 
+def _after(line: int, ts: str, err: ErrorEvent) -> bool:
+    """Progress at ``line``/``ts`` came after ``err``: a later line, and not stamped the same instant. A
+    batch line racing the traceback out of another thread (same millisecond, or the same second in logs
+    without milliseconds) is not a server that lived on: the kill chain follows it."""
+    if line <= err.line_no:
+        return False
+    return not (ts and err.ts and len(ts) == len(err.ts) and ts <= err.ts)
+
+
 def _survived(run: RunState, err: ErrorEvent) -> bool:
     """An error the server lived through: it became ready or kept serving, or the same rank made progress."""
-    if run.ready_line > err.line_no or run.last_batch_line > err.line_no:
+    if run.ready_line > err.line_no or _after(run.last_batch_line, run.last_batch_ts, err):
         return True
     if err.kind in (ErrorKind.TEARDOWN, ErrorKind.HOST_KILL):
         return False
     if err.rank is not None or (err.text and err.text.startswith("[")):
         st = run.ranks.get(err.rank)
-        if st is not None and st.last_progress_line > err.line_no and st.last_progress is not None:
+        if st is not None and st.last_progress is not None and _after(st.last_progress_line, st.last_progress_ts, err):
             return True
     return False
 

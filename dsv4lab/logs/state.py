@@ -58,6 +58,7 @@ class RankState:
     phase: Phase | None = None
     last_progress: Event | None = None
     last_progress_line: int = 0
+    last_progress_ts: str = ""  # timestamp of the line at last_progress_line (as the run last saw it)
     capture_role: str | None = None
     phase_ts: str = ""  # timestamp of the line that set ``phase`` (late lines do not move it back)
 
@@ -77,6 +78,7 @@ class RunState:
     api_up_line: int = 0
     batches_after_api: int = 0  # batch lines after the HTTP server came up (2+: real traffic, not the warmup)
     last_batch_line: int = 0
+    last_batch_ts: str = ""
     batches: int = 0
     startup_events: int = 0
     capacity: Capacity | None = None
@@ -121,6 +123,7 @@ class RunState:
             st.phase_ts = ts
             st.last_progress = ev
             st.last_progress_line = ev.line_no
+            st.last_progress_ts = ts
         if not _older(ts, self.phase_ts):
             self.phase = phase
             self.phase_ts = ts
@@ -145,8 +148,11 @@ class RunState:
             if self.api_up_line:
                 self.batches_after_api += 1
             self.last_batch_line = n
+            self.last_batch_ts = ev.ts or self.cur_ts
             st = self.ranks.get(r)
-            (st if st is not None else self.rank(r)).last_progress_line = n
+            st = st if st is not None else self.rank(r)
+            st.last_progress_line = n
+            st.last_progress_ts = self.last_batch_ts
             if self.ready_line or self.startup_events == 0:
                 self.phase = Phase.SERVING  # before the ready line a batch is the warmup request
             return
