@@ -220,15 +220,20 @@ class Server:
         load = bench.LoadSpec(concurrency=concurrency, warmup=0)  # a warm-up request would decode alone
 
         def during() -> None:
-            result = bench.run(
-                self.url,
-                wl,
-                load,
-                progress=self.lab.progress,
-                label=f"{self.name} profile",
-                on_server_death=self._death_note,
-                store=str(self.local_dir / "bench"),
-            )
+            try:
+                result = bench.run(
+                    self.url,
+                    wl,
+                    load,
+                    progress=self.lab.progress,
+                    label=f"{self.name} profile",
+                    on_server_death=self._death_note,
+                    store=str(self.local_dir / "bench"),
+                )
+            except Interrupted as exc:  # Stop: the load run so far is kept here too, not only on the exception
+                if isinstance(exc.partial, bench.BenchResult):
+                    self.runs = bench.BenchRuns((*self.runs, exc.partial))
+                raise
             self.runs = bench.BenchRuns((*self.runs, result))  # the load run is a measurement too: kept, partial or not
             if result.partial and not result.interrupted:
                 raise ProfileError(self._died_during("profiling", result.abort_reason))

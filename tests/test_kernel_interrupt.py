@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.kernel import Kernel
+from tests.test_faults_support import no_processes_left, processes_of, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +137,63 @@ def test_a_failing_cell_and_a_kernel_restart_leave_no_server(tmp_path: Path) -> 
         assert _gone(pid), "a restarted kernel left its server running"
     finally:
         k.shutdown(now=True)
+
+
+def test_stop_during_a_comparison_keeps_the_runs_and_stops_both_servers(kernel: Kernel, tmp_path: Path) -> None:
+    # lab.compare launches both configs for the A/B and interleaves A, B, A, B on the twin.
+    cell = kernel.submit(
+        'ab = lab.compare("config_a", "config_b_fixed", [4], repeats=3, prompts=8, input_len=256, output_len=300)'
+    )
+    stores = tmp_path / "runs"
+    deadline = time.monotonic() + 180
+    while not any(p.read_text().strip() for p in stores.glob("ab-*/bench_results.jsonl")):
+        assert time.monotonic() < deadline, "the comparison never finished a run"
+        time.sleep(0.1)
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    partial = "sys.last_value.partial"
+    assert kernel.value(f"type({partial}).__name__") == "'ABRuns'"
+    assert int(kernel.value(f"len({partial}.a) + len({partial}.b)")) >= 1
+    assert kernel.value(f"{partial}.partial") == "True"  # the run cut by Stop is there, marked
+    for run_dir in sorted(p for p in stores.iterdir() if p.is_dir()):
+        no_processes_left(run_dir)  # both servers were started for the comparison: both are stopped
+
+
+def test_stop_during_profiling_keeps_the_load_run(kernel: Kernel) -> None:
+    kernel.run('a = lab.launch("config_a", sample_gpus=False).wait()', timeout_s=120)
+    cell = kernel.submit("k = a.profile(4, prompts=40, input_len=256, output_len=300)")
+    time.sleep(6.0)
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    assert "asked to stop profiling" in (result.evalue or "")
+    assert kernel.value("a.runs[-1].interrupted and a.runs[-1].summary.completed >= 1") == "True"
+    assert kernel.value("sys.last_value.partial is a.runs[-1]") == "True"
+    assert kernel.value("a.is_alive()") == "True"  # profiling a server does not stop it
+
+
+def test_stop_during_a_remote_bench_serving_kills_it(kernel: Kernel, tmp_path: Path) -> None:
+    # SGLang's own client on the server host, here a stand-in module that takes its time (the real one
+    # needs the model's tokenizer); what matters is the process tree on the host.
+    site = tmp_path / "site"
+    module = site / "sglang" / "benchmark" / "serving.py"
+    module.parent.mkdir(parents=True)
+    (site / "sglang" / "__init__.py").touch()
+    (module.parent / "__init__.py").touch()
+    module.write_text("import time\ntime.sleep(300)\n")
+    cell = kernel.submit(
+        "from dsv4lab.hosts import LocalHost\n"
+        f"python = ['env', 'PYTHONPATH={site}', sys.executable]\n"
+        "r = bench.run_remote(LocalHost(), 'http://127.0.0.1:9', bench.random_workload(4, 64, 4, seed=1),"
+        f" work_dir={str(tmp_path / 'work')!r}, sglang_version='0.5.23', python=python, timeout_s=600)"
+    )
+    wait_for(lambda: processes_of(site), "the remote client to start", timeout_s=60)
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    assert "process tree is being killed" in (result.evalue or "")
+    no_processes_left(site)
