@@ -58,11 +58,15 @@ def _in_kernel() -> bool:
 class Progress:
     """One status line for a long call: ``update()`` while it runs, ``finish()`` with its outcome."""
 
-    def __init__(self, title: str, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, title: str, *, enabled: bool = True, stream: TextIO | None = None, started: float | None = None
+    ) -> None:
+        """``started`` (a ``time.monotonic()`` value) counts the shown time from an earlier moment: a
+        watch that begins after its launch shows the time since the launch, like its verdict."""
         self.title = title
         self.mode: Mode = progress_mode() if enabled else "off"
         self._stream = stream
-        self._start = time.monotonic()
+        self._start = time.monotonic() if started is None else started
         self._status = "starting"
         self._state: State = "running"
         self._fraction: float | None = None

@@ -209,7 +209,7 @@ def wait_ready(
     bar = (
         progress
         if isinstance(progress, Progress)
-        else Progress(f"{handle.target} on {handle.host.name}", enabled=progress)
+        else Progress(f"{handle.target} on {handle.host.name}", enabled=progress, started=w.origin)
     )
     w.bar = bar
     try:
