@@ -218,6 +218,23 @@ class BenchResult:
         frame: pd.DataFrame = pd.DataFrame([self.flat()])
         return frame
 
+    def _headline(self) -> dict[str, Any]:
+        """The counts and throughputs every flat view of a run leads with (the frame, the CLI's JSON)."""
+        s = self.summary
+        return {
+            "completed": s.completed,
+            "failed": s.failed,
+            "incomplete": s.incomplete,
+            "not_sent": s.not_sent,
+            "duration_s": s.duration_s,
+            "request_throughput": s.request_throughput,
+            "input_throughput": s.input_throughput,
+            "output_throughput": s.output_throughput,
+            "peak_output_throughput": s.peak_output_throughput,
+            "total_input_tokens": s.total_input_tokens,
+            "total_output_tokens": s.total_output_tokens,
+        }
+
     def flat(self) -> dict[str, Any]:
         """The row of :meth:`to_frame` as a dict."""
         s = self.summary
@@ -228,16 +245,7 @@ class BenchResult:
             "repeat": self.repeat,
             "partial": self.partial,
             "interrupted": self.interrupted,
-            "completed": s.completed,
-            "failed": s.failed,
-            "incomplete": s.incomplete,
-            "not_sent": s.not_sent,
-            "duration_s": s.duration_s,
-            "request_throughput": s.request_throughput,
-            "input_throughput": s.input_throughput,
-            "output_throughput": s.output_throughput,
-            "peak_output_throughput": s.peak_output_throughput,
-            "total_output_tokens": s.total_output_tokens,
+            **self._headline(),
         }
         for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
             d: Distribution = getattr(s, name)
@@ -284,17 +292,7 @@ class BenchResult:
                 "partial": self.partial,
                 "abort_reason": self.abort_reason,
                 "diagnosis": self.diagnosis,
-                "completed": s.completed,
-                "failed": s.failed,
-                "incomplete": s.incomplete,
-                "not_sent": s.not_sent,
-                "duration_s": s.duration_s,
-                "request_throughput": s.request_throughput,
-                "input_throughput": s.input_throughput,
-                "output_throughput": s.output_throughput,
-                "peak_output_throughput": s.peak_output_throughput,
-                "total_input_tokens": s.total_input_tokens,
-                "total_output_tokens": s.total_output_tokens,
+                **self._headline(),
                 "output_tokens_from_server": s.output_tokens_from_server,
                 "goodput": s.goodput,
                 "ttft_clock": self.ttft_clock,
