@@ -492,6 +492,7 @@ def _lever_view(spec: Mapping[str, Any], by_id: Mapping[str, StepState]) -> dict
             concurrency=value.get("concurrency"),
             repeats="/".join(str(n) for n in value.get("repeats", [])),
             means=f"{value.get('a')} {value.get('mean_a', 0):,.1f} → {value.get('b')} {value.get('mean_b', 0):,.1f}",
+            workload=str(value.get("workload") or "—"),
         )
     return view
 

@@ -69,6 +69,7 @@ def ab_figure(comparison: ABComparison, concurrency: int | None = None) -> dict[
         "mean_a": level.mean_a * scale,
         "mean_b": level.mean_b * scale,
         "repeats": [level.n_a, level.n_b],
+        "workload": comparison.workload,
     }
 
 

@@ -214,6 +214,10 @@ def test_the_story_emerges(campaign: Campaign) -> None:
     assert abs(f["ab"]["mtp_gain_c16"]["rel"]) < 0.12  # the verifier saturates: nothing to gain at 16
     assert 0.55 < f["kernels"]["attention_share"] < 0.72 and "sparse_mla" in f["kernels"]["top_kernel"]
     assert f["kernels"]["gap_to_goal"] > 20
+    # Each lever's throughputs come with the workload they were measured on (they differ between levers).
+    assert f["a"]["fp8_gain"]["workload"] == "8,000 in / 64 out tokens per request"
+    assert "in / " in f["ab"]["mtp_gain_c1"]["workload"]
+    assert "8,000 in / 64 out tokens per request" in campaign.index.read_text()
 
 
 def test_every_report_opens_offline_with_its_charts(campaign: Campaign, tmp_path: Path) -> None:

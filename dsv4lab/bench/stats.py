@@ -218,6 +218,9 @@ class ABComparison:
     label_b: str = "B"
     #: The twin's time scale when both arms ran on the twin (means x scale = modelled hardware tok/s).
     time_scale: float | None = None
+    #: The workload both arms ran ("8,000 in / 64 out tokens per request"), empty when they differ: a
+    #: throughput means little without it (the same server does 15 tok/s on short outputs, 20 on long).
+    workload: str = ""
 
     def at(self, concurrency: int | None) -> ABLevel:
         for level in self.levels:
@@ -274,7 +277,8 @@ class ABComparison:
             for lv in self.levels
         ]
         better = "higher" if self.higher_is_better else "lower"
-        head = hv.p(f"{self.label_b} vs {self.label_a} on {self.metric} ({better} is better), Welch 95% CI")
+        workload = f"; {self.workload}" if self.workload else ""
+        head = hv.p(f"{self.label_b} vs {self.label_a} on {self.metric} ({better} is better), Welch 95% CI{workload}")
         note = (
             hv.p(f"Twin at time scale {scale:g}: means converted to the modelled hardware (x {scale:g}).")
             if scale
@@ -354,7 +358,18 @@ def compare(
         label_a or _common_label(a_runs, "A"),
         label_b or _common_label(b_runs, "B"),
         scales.pop() if len(scales) == 1 else None,
+        _common_workload((*a_runs, *b_runs)),
     )
+
+
+def _common_workload(runs: Sequence[BenchResult]) -> str:
+    described = set()
+    for r in runs:
+        w = r.provenance.workload
+        if not w or w.get("mean_prompt_len") is None or w.get("mean_output_len") is None:
+            return ""
+        described.add(f"{w['mean_prompt_len']:,.0f} in / {w['mean_output_len']:,.0f} out tokens per request")
+    return described.pop() if len(described) == 1 else ""
 
 
 def _common_label(runs: Sequence[BenchResult], default: str) -> str:
