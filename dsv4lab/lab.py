@@ -21,6 +21,8 @@ import contextlib
 import datetime as _dt
 import re
 import sys
+import threading
+import time
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -453,6 +455,7 @@ class Lab:
             return server
 
         kw: dict[str, Any] = {"prompts": prompts, "input_len": input_len, "output_len": output_len, "seed": seed}
+        interrupted = False
         try:
             if together:  # both start at once: their startups overlap
                 sa, sb = start(a, names[0]), start(b, names[1])
@@ -463,9 +466,15 @@ class Lab:
                 runs.append(server.bench(concurrency, repeats=repeats, **kw))
                 server.stop(grace_s=10.0)
             return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), names[0], names[1])
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            for server in started:
-                if server.stopped is None:
+            pending = [server for server in started if server.stopped is None]
+            if interrupted:  # Stop: both servers end at once, in threads a script still waits for
+                _stop_soon(pending)
+            else:
+                for server in pending:
                     with contextlib.suppress(Exception):
                         server.stop(grace_s=10.0)
 
@@ -567,3 +576,20 @@ def _stop_everything() -> None:
 
 
 atexit.register(_stop_everything)
+
+
+def _stop_soon(servers: Sequence[Server], *, wait_s: float = 0.8) -> None:
+    """Stop ``servers`` side by side and give control back after ``wait_s`` at most (the user's Stop must
+    return within about a second; two servers stopped one after the other took 2.1 s on a loaded machine).
+    The threads are not daemons, so a script still waits for them before it exits."""
+
+    def stop(server: Server) -> None:
+        with contextlib.suppress(Exception):
+            server.stop(grace_s=10.0)
+
+    workers = [threading.Thread(target=stop, args=(s,), name=f"dsv4lab-stop-{s.name}") for s in servers]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + wait_s
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
