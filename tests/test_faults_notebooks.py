@@ -211,11 +211,17 @@ def test_two_campaigns_on_one_host_at_once_are_refused_not_interleaved(
 ) -> None:
     slow = write_notebook(
         tmp_path / "slow.ipynb",
-        "hold_s: float = 1.0  # how long this step holds the host",
-        ["import time\nfrom pathlib import Path\nPath(run_dir, 'holding').write_text('yes')\ntime.sleep(hold_s)"],
+        "hold_s: float = 1.0  # how long this step holds the host at most",
+        [
+            "import time\nfrom pathlib import Path\nPath(run_dir, 'holding').write_text('yes')\n"
+            # Held until the test says so (a fixed sleep ran out on a loaded machine before the second
+            # campaign's process had even started).
+            "release = Path(run_dir).parent / 'release'\ndeadline = time.monotonic() + hold_s\n"
+            "while time.monotonic() < deadline and not release.exists():\n    time.sleep(0.05)"
+        ],
         title="Hold the host",
     )
-    steps = f'[[step]]\nid = "hold"\nnotebook = "{slow.name}"\nparameters = {{ hold_s = 6.0 }}\n'
+    steps = f'[[step]]\nid = "hold"\nnotebook = "{slow.name}"\nparameters = {{ hold_s = 120.0 }}\n'
     first_spec = _campaign(tmp_path, "first", steps)
     second_spec = _campaign(tmp_path, "second", steps)
     reports = tmp_path / "reports"
@@ -231,7 +237,9 @@ def test_two_campaigns_on_one_host_at_once_are_refused_not_interleaved(
         # The same campaign again, into the same folder: refused too.
         same = cli(["campaign", str(first_spec), "--reports", str(reports)], env=state_dir, timeout_s=60)
         assert same.returncode == 6 and "is in use by campaign 'first'" in same.stderr
+        (reports / "first" / "release").write_text("go")
         _, err = first.communicate(timeout=120)
+        (reports / "first" / "release").unlink()
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
@@ -242,11 +250,13 @@ def test_two_campaigns_on_one_host_at_once_are_refused_not_interleaved(
     assert not (Path(state_dir["DSV4LAB_STATE_DIR"]) / "campaign.lock").exists()
     assert not (reports / "first" / "campaign.lock").exists()
     # A campaign killed outright leaves its lock behind; the next one from this machine takes it over.
+    # (Held 8 s at most: SIGKILL leaves the campaign's kernel running, and it must not outlive the test.)
+    first_spec = _campaign(tmp_path, "first", steps.replace("hold_s = 120.0", "hold_s = 8.0"))
     killed = cli_popen(["campaign", str(first_spec), "--reports", str(reports), "--force"], env=state_dir)
     wait_for(lambda: len(list((reports / "first").glob("*/holding"))) == 2, "the campaign running again", 120)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait(timeout=10)
     assert (Path(state_dir["DSV4LAB_STATE_DIR"]) / "campaign.lock").exists()
-    fast = _campaign(tmp_path, "third", steps.replace("hold_s = 6.0", "hold_s = 0.0"))
+    fast = _campaign(tmp_path, "third", steps.replace("hold_s = 120.0", "hold_s = 0.0"))
     after = cli(["campaign", str(fast), "--reports", str(reports)], env=state_dir)
     assert after.returncode == 0, after.stderr[-2000:]
