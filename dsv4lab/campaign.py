@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab import htmlview as hv
+from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.campaignlock import campaign_lock
 from dsv4lab.errors import ConfigError, Interrupted, NotebookError
 from dsv4lab.experiment import read_results, write_json_atomic
@@ -443,12 +444,8 @@ def write_index(campaign: Campaign, folder: Path, states: Sequence[StepState]) -
         provenance=_provenance(campaign),
         ok=all(s.status == "ok" for s in states) and len(states) == len(campaign.steps),
     )
-    out = folder / "index.html"
-    tmp = out.with_name("index.html.tmp")
-    tmp.write_text(public_html(page, [folder]), encoding="utf-8")  # shared like a report: redacted, no script
-    tmp.chmod(0o600)
-    tmp.replace(out)
-    return out
+    # Shared like a report: redacted, no script.
+    return write_text_atomic(folder / "index.html", public_html(page, [folder]))
 
 
 def _rel(path: str | None, folder: Path) -> str | None:

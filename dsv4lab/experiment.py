@@ -11,18 +11,16 @@ notebook and puts on its index page.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import math
-import os
 import shlex
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.bench.results import to_jsonable
 from dsv4lab.config import ServerConfig
 from dsv4lab.errors import ConfigError
@@ -302,17 +300,7 @@ def write_json_atomic(path: Path, data: Any, *, redact: bool = True) -> None:
     record = to_jsonable(data)
     if redact:
         record = redact_data(record, collect_secrets())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
 def _notebook_display() -> None:

@@ -17,7 +17,6 @@ import contextlib
 import datetime as _dt
 import importlib.metadata
 import json
-import os
 import platform
 import re
 import subprocess
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.errors import ConfigError, DSV4LabError, Interrupted, NotebookError
 from dsv4lab.experiment import RESULTS_FILE, check_experiment_parameters, read_results, write_json_atomic
 from dsv4lab.report import redact_notebook_file
@@ -369,15 +369,7 @@ class _AtomicWriter:
         return [str(p) for p in folder.iterdir()]
 
     def write(self, buf: str, path: str) -> None:
-        target = Path(path.removeprefix(_ATOMIC))
-        tmp = target.with_name(f".{target.name}.tmp")
-        try:
-            tmp.write_text(buf, encoding="utf-8")
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        write_text_atomic(path.removeprefix(_ATOMIC), buf)
 
     def pretty_path(self, path: str) -> str:
         return path.removeprefix(_ATOMIC)

@@ -29,6 +29,7 @@ from typing import Any
 import nbformat
 from nbconvert import HTMLExporter
 
+from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.secrets import collect_secrets, redact_data
 
 __all__ = [
@@ -94,11 +95,7 @@ def render_report(
         resources["dsv4lab"]["provenance"].append(note)
         body, _ = exporter.from_notebook_node(nb, resources=resources)
     body = defang_html(body)
-    out_html.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_html.with_name(out_html.name + ".tmp")
-    _write_private(tmp, body)
-    tmp.replace(out_html)
-    return out_html
+    return write_text_atomic(out_html, body)
 
 
 def public_html(markup: str, keep_paths: Sequence[str | Path] = ()) -> str:
@@ -110,14 +107,7 @@ def public_html(markup: str, keep_paths: Sequence[str | Path] = ()) -> str:
 
 def write_private(path: Path, text: str) -> Path:
     """Write ``text`` whole (a temp file renamed into place), readable by the user only (0600)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        _write_private(tmp, text)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomic(path, text)
 
 
 def redact_notebook_file(path: str | Path, secrets: Iterable[str] = ()) -> None:
@@ -130,20 +120,7 @@ def redact_notebook_file(path: str | Path, secrets: Iterable[str] = ()) -> None:
         return  # nothing readable to redact; the runner reports a missing notebook on its own
     known = collect_secrets(environ=None) | frozenset(secrets)
     text = json.dumps(redact_data(data, known, skip_keys=_BINARY_KEYS), indent=1, ensure_ascii=False) + "\n"
-    tmp = target.with_name(f".{target.name}.redacted.tmp")
-    try:
-        _write_private(tmp, text)
-        tmp.replace(target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, 0o600)  # an existing temp file keeps its old mode through O_CREAT
+    write_text_atomic(target, text)
 
 
 #: Output data that is base64 (nothing to redact or scrub, and large).

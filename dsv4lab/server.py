@@ -12,7 +12,6 @@ Servers are made by :meth:`dsv4lab.lab.Lab.launch`; the functions underneath (``
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ import pandas as pd
 
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
+from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.config import ServerConfig
 from dsv4lab.errors import BenchError, Interrupted, ProfileError
 from dsv4lab.experiment import write_json_atomic
@@ -322,7 +322,7 @@ class Server:
         for name in ("server.log", "config.toml", "env.sh", "launch.sh", "handle.json", "server.exit", "stopped.json"):
             text = host.read_text(f"{self.run_dir}/{name}", max_bytes=64 << 20)
             if text is not None:
-                _write_whole(self.local_dir / name, redact_text(text, known))
+                write_text_atomic(self.local_dir / name, redact_text(text, known))
         return local_log
 
     # -- internals --------------------------------------------------------------------------------------
@@ -408,18 +408,6 @@ class Server:
         if self.readiness is not None:
             body += self.readiness._repr_html_()
         return hv.card(f"server {self.name}", body, state=state, status=self.state)
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """Write a file whole or not at all (a temp file renamed into place): a full disk leaves the old copy."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 class LogTail:
