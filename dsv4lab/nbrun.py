@@ -229,6 +229,11 @@ def _convert(notebook: str, p: Parameter, value: Any) -> Any:
 
 # -- running ----------------------------------------------------------------------------------------------
 
+#: How long (s) to wait after a cell's reply for its last outputs. nbclient's default (4 s) drops what a
+#: cell printed when a loaded machine delays the kernel's output channel (seen in CI: a report whose
+#: launch cell lost its "READY"); a report must keep everything the cell said.
+IOPUB_TIMEOUT_S = 30
+
 
 def _ipc_kernel_manager() -> type:
     """A kernel manager on Unix sockets: the kernel is reachable by this user only, not on a TCP port (and
@@ -310,6 +315,7 @@ def run_notebook(
             execution_timeout=execution_timeout_s,
             start_timeout=start_timeout_s,
             kernel_manager_class=_ipc_kernel_manager(),
+            iopub_timeout=IOPUB_TIMEOUT_S,
         )
     except PapermillExecutionError as exc:
         status = "failed"

@@ -67,7 +67,7 @@ def test_a_dead_kernel_or_a_failing_cell_leaves_the_report_and_no_server(drill: 
         assert results["status"] == "failed" and words.split(":")[0] in results["error"]
         executed = json.loads((run / "notebook.ipynb").read_text())  # whole, parseable
         outputs = [o for c in executed["cells"] for o in c.get("outputs", [])]
-        assert any("READY" in "".join(o.get("text", "")) for o in outputs)
+        assert any("READY" in "".join(o.get("text", "")) for o in outputs), (mode, outputs)
         html = (run / "report.html").read_text()
         assert "failed: see the failing cell" in html and words.split(":")[0] in html
         launcher = int(json.loads((run / "tiny" / "server.json").read_text())["launcher_pid"])

@@ -9,6 +9,7 @@ import nbformat
 import papermill
 import pytest
 
+from dsv4lab.nbrun import IOPUB_TIMEOUT_S
 from tests.test_faults_support import no_processes_left
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,13 @@ def test_probe_notebook_runs_under_papermill(tmp_path: Path) -> None:
     assert len(steps) <= 8  # launch + wait + bench took ~16 lines and 8 imports; now 1 import and a line a step
     out = tmp_path / "probe.out.ipynb"
     executed = papermill.execute_notebook(
-        nb, str(out), parameters={"concurrency": "1,4"}, cwd=str(tmp_path), kernel_name="python3", progress_bar=False
+        nb,
+        str(out),
+        parameters={"concurrency": "1,4"},
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+        iopub_timeout=IOPUB_TIMEOUT_S,  # nbclient's 4 s drops outputs on a loaded CI machine
     )
     assert not executed.metadata.papermill.exception
     text = out.read_text()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -140,3 +143,32 @@ def test_no_orphans(tmp_path: Path, fault: str) -> None:
         "children to die with the parent",
     )
     assert subprocess.run(["true"], check=True).returncode == 0
+
+
+def test_a_starved_rank_holds_the_others_at_the_collectives(tmp_path: Path) -> None:
+    # On a loaded machine one rank's process can stall for a second. SGLang's ranks meet in the all-reduce
+    # that sizes the KV pool, so no GPU fills its pool before rank 0 has logged its weights; the memory
+    # a GPU shows then lines up with the phases rank 0's log draws.
+    port = free_port()
+    argv = [*TINY, "--port", str(port)]
+    env = twin_env(tmp_path, SGLANG_LOG_MS="1")
+    log = tmp_path / "server.log"
+    with running_twin(argv, env, log) as proc:
+        wait_for(lambda: len(descendants(proc.pid)) >= 3, EXIT_TIMEOUT_S, "the detokenizer and both ranks")
+        rank0 = sorted(p.pid for p in descendants(proc.pid))[1]  # forked after the detokenizer, before rank 1
+        os.kill(rank0, signal.SIGSTOP)
+        try:
+            wait_for(lambda: "TP1] Load weight end" in log.read_text(), EXIT_TIMEOUT_S, "rank 1's weights")
+            time.sleep(1.0)
+            assert "TP1] KV Cache" not in log.read_text()  # rank 1 waits for rank 0
+        finally:
+            os.kill(rank0, signal.SIGCONT)
+        wait_healthy(port, proc)
+        text = log.read_text()
+    assert check_log(text) == []
+
+    def stamp(marker: str) -> datetime:
+        line = next(line for line in text.splitlines() if marker in line)
+        return datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S.%f")
+
+    assert stamp("TP1] KV Cache") >= stamp("TP0] Load weight end") >= stamp("TP1] Load weight end")

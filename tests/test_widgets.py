@@ -24,6 +24,7 @@ import pytest
 from dsv4lab import Lab
 from dsv4lab.config import ServerConfig, diff, field_help, field_names, load
 from dsv4lab.experiment import parse_overrides
+from dsv4lab.nbrun import IOPUB_TIMEOUT_S
 from dsv4lab.presets import config_b_fixed
 from dsv4lab.versions import resolve_release
 from dsv4lab.widgets import ConfigPanel, FieldControl, build_controls, field_specs
@@ -445,7 +446,12 @@ def test_lab_notebook_is_a_clean_template() -> None:
 def test_lab_notebook_runs_headless_and_skips_the_panel(tmp_path: Path) -> None:
     out = tmp_path / "lab.out.ipynb"
     executed = papermill.execute_notebook(
-        str(LAB_NOTEBOOK), str(out), cwd=str(tmp_path), kernel_name="python3", progress_bar=False
+        str(LAB_NOTEBOOK),
+        str(out),
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+        iopub_timeout=IOPUB_TIMEOUT_S,  # nbclient's 4 s drops outputs on a loaded CI machine
     )
     assert not executed.metadata.papermill.exception
     text = out.read_text()

@@ -37,7 +37,7 @@ from dsv4lab.twin.profiler import Profiler
 from dsv4lab.twin.scheduler import Scheduler, SchedulerLimits
 from dsv4lab.twin.settings import TwinSettings
 from dsv4lab.twin.smi import RELEASE_S, release_state, write_main_state
-from dsv4lab.twin.startup import PhaseTimes, RankContext, rank_main
+from dsv4lab.twin.startup import Lockstep, PhaseTimes, RankContext, rank_main
 from dsv4lab.twin.timing import TimingModel
 
 #: SGLang polls model info once a second, up to 120 times, before its warmup request.
@@ -176,6 +176,7 @@ class Twin:
         self.children.append(fork_child("detokenizer", _sleep_forever))
         fds = []
         n_local = c.dp * self.tp_local
+        lockstep = Lockstep(n_local)
         for i in range(n_local):
             dp_rank, local = divmod(i, self.tp_local)
             rank = Rank(
@@ -199,6 +200,7 @@ class Twin:
                 mem_fraction_static=s.mem_fraction_static,
                 main_pid=self.pid,
                 times=PhaseTimes(),
+                lockstep=lockstep,
             )
             r, w = os.pipe()
 

@@ -11,11 +11,13 @@ SIGQUIT to the main process, as SGLang's ``run_scheduler_process`` does.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsv4lab.twin import logfmt
 from dsv4lab.twin.kernels import KernelConfigs
@@ -25,7 +27,7 @@ from dsv4lab.twin.settings import TwinSettings
 from dsv4lab.twin.smi import write_gpu_state
 from dsv4lab.versions import SGLangRelease
 
-__all__ = ["PhaseTimes", "RankContext", "SchedulerFailure", "run_rank"]
+__all__ = ["Lockstep", "PhaseTimes", "RankContext", "SchedulerFailure", "run_rank"]
 
 GiB = 1024**3
 
@@ -48,6 +50,32 @@ class PhaseTimes:
     other_draft_graph_s: float = 0.12
 
 
+#: How long a rank waits at a collective for the others before going on alone. SGLang would hang there
+#: until NCCL's watchdog fires; here a rank that failed has already told the main process, which tears the
+#: tree down, so this only bounds a wait nobody is left to end.
+LOCKSTEP_TIMEOUT_S = 600.0
+
+
+class Lockstep:
+    """The collectives that keep SGLang's TP ranks in step, as one barrier shared by the forked ranks.
+
+    Real ranks meet in an all-reduce of free memory before sizing the KV pool and in the collectives of
+    graph capture; without that, a rank starved of CPU on a loaded machine falls behind and the memory one
+    GPU shows no longer lines up with the phases rank 0 logs.
+    """
+
+    def __init__(self, ranks: int) -> None:
+        self._barrier: threading.Barrier | None = (
+            multiprocessing.get_context("fork").Barrier(ranks) if ranks > 1 else None
+        )
+
+    def meet(self) -> None:
+        if self._barrier is None:
+            return
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self._barrier.wait(LOCKSTEP_TIMEOUT_S)
+
+
 @dataclass(frozen=True)
 class RankContext:
     """Everything a rank process needs (built in the main process before forking)."""
@@ -64,6 +92,7 @@ class RankContext:
     mem_fraction_static: float
     main_pid: int
     times: PhaseTimes = PhaseTimes()
+    lockstep: Lockstep = field(default_factory=lambda: Lockstep(1))
 
 
 class SchedulerFailure(Exception):
@@ -285,6 +314,7 @@ def run_rank(ctx: RankContext, on_ready: Callable[[], None]) -> None:
         load(plan.draft_weights_gib, 1, ctx.draft_class)
 
     def kv_pool(gib: float, tokens: int, bytes_per_token: float) -> None:
+        ctx.lockstep.meet()  # the all-reduce of free memory that sizes the pool
         if gib <= 0 or tokens <= 0:
             raise SchedulerFailure(_kv_error_traceback(release, ctx.mem_fraction_static))
         if release.key < (0, 5, 16) and ctx.is_first:
@@ -314,6 +344,8 @@ def run_rank(ctx: RankContext, on_ready: Callable[[], None]) -> None:
             show_lines = False  # 0.5.16+: draft capture lines come from rank 0 only
         else:
             show_lines = True
+        if first_graph:
+            ctx.lockstep.meet()  # capture's collectives start every rank together
         t = time.monotonic()
         before = mem.free_gib
         if show_lines:
