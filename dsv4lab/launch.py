@@ -243,12 +243,30 @@ _PRIVATE_DIR = 'mkdir -p -- "$1" && chmod 700 -- "$1"'
 #: Where a host keeps dsv4lab's per-user state (port reservations); private to the user.
 _STATE_DIR = '"${DSV4LAB_STATE_DIR:-$HOME/.cache/dsv4lab}"'
 
-# Reserve a port for one launch, atomically (noclobber), so that two launches a second apart — before
-# either server binds — cannot both take it. A reservation names its run dir and, once started, the
-# launcher PID; it is stale when that PID is dead, or (no PID yet) when it is older than 5 minutes.
-_RESERVE_PORT = r"""
+# Every change to the reservations happens under one lock per user and host: taking over a stale
+# reservation is a read, a check and a remove, and two launches doing that at once each removed the other's
+# fresh reservation and both took the port (seen in CI; 50 of 100 tries with a stale file in place).
+# flock(1) is util-linux, on every Linux host; without it the steps run unlocked (noclobber still keeps
+# two launches off a free port).
+#: How long (s) a launch waits for another's hold on the reservations (each holds it for milliseconds);
+#: under the 15 s a reservation step may take in all.
+PORT_LOCK_WAIT_S = 10.0
+
+_PORTS_LOCKED = r"""
 dir=__STATE__/ports
 mkdir -p -m 700 -- "$dir" || exit 3
+if command -v flock >/dev/null 2>&1; then
+  exec 9>>"$dir/.lock" || exit 3
+  flock -w __LOCK_WAIT__ 9 || { echo LOCKED; exit 0; }
+fi
+""".replace("__STATE__", _STATE_DIR)
+
+# Reserve a port for one launch, atomically, so that two launches a second apart — before either server
+# binds — cannot both take it. A reservation names its run dir and, once started, the launcher PID; it is
+# stale when that PID is dead, or (no PID yet) when it is older than 5 minutes.
+_RESERVE_PORT = (
+    _PORTS_LOCKED
+    + r"""
 f="$dir/$1"
 for attempt in 1 2 3; do
   if ( set -o noclobber; printf '%s\n' "$2" > "$f" ) 2>/dev/null; then echo RESERVED; exit 0; fi
@@ -263,19 +281,26 @@ for attempt in 1 2 3; do
   rm -f -- "$f"
 done
 echo "TAKEN - ?"
-""".replace("__STATE__", _STATE_DIR)
+"""
+)
 
-_CLAIM_PORT = r"""
-f=__STATE__/ports/"$1"
+_CLAIM_PORT = (
+    _PORTS_LOCKED
+    + r"""
+f="$dir/$1"
 [ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && printf '%s\n%s\n' "$2" "$3" > "$f.tmp" && mv -f -- "$f.tmp" "$f"
 exit 0
-""".replace("__STATE__", _STATE_DIR)
+"""
+)
 
-_RELEASE_PORT = r"""
-f=__STATE__/ports/"$1"
+_RELEASE_PORT = (
+    _PORTS_LOCKED
+    + r"""
+f="$dir/$1"
 [ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && rm -f -- "$f"
 exit 0
-""".replace("__STATE__", _STATE_DIR)
+"""
+)
 
 
 # Ports that are listening or reserved by a live dsv4lab launch, one per line.
@@ -320,12 +345,25 @@ def pick_port(host: Host, start: int, *, avoid: Sequence[int] = (), timeout_s: f
     return port
 
 
-def reserve_port(host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0) -> None:
+def _ports_script(script: str, lock_wait_s: float = PORT_LOCK_WAIT_S) -> str:
+    return script.replace("__LOCK_WAIT__", f"{lock_wait_s:g}")
+
+
+def reserve_port(
+    host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0, lock_wait_s: float = PORT_LOCK_WAIT_S
+) -> None:
     """Reserve ``port`` on ``host`` for the launch into ``run_dir``, or raise :class:`StaleServerError`."""
-    out = host.run(["bash", "-c", _RESERVE_PORT, "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s).check()
+    script = _ports_script(_RESERVE_PORT, lock_wait_s)
+    out = host.run(["bash", "-c", script, "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s).check()
     words = out.stdout.split(maxsplit=2)
     if words[:1] == ["RESERVED"]:
         return
+    if words[:1] == ["LOCKED"]:
+        raise LaunchError(
+            f"could not reserve port {port} on {host.name}: another process has held dsv4lab's port "
+            f"reservations lock for over {lock_wait_s:g} s (ports/.lock in $DSV4LAB_STATE_DIR, by default "
+            "~/.cache/dsv4lab); find it with `fuser -v` on that file, end it, and launch again"
+        )
     pid = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
     owner = words[2] if len(words) > 2 else "?"
     holder = f"the dsv4lab launch into {owner}" + (f" (launcher PID {pid})" if pid else " (starting now)")
@@ -334,7 +372,7 @@ def reserve_port(host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0
 
 def release_port(host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0) -> None:
     """Drop ``run_dir``'s reservation of ``port`` (a reservation by another run is left alone)."""
-    host.run(["bash", "-c", _RELEASE_PORT, "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s)
+    host.run(["bash", "-c", _ports_script(_RELEASE_PORT), "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s)
 
 
 # One remote call that checks what a launch needs before anything starts: the interpreter (after the
@@ -497,7 +535,7 @@ def launch(
             release_port(host, config.port, run_dir)
         raise
     try:
-        claim = ["bash", "-c", _CLAIM_PORT, "dsv4lab-port", str(config.port), run_dir, str(pid)]
+        claim = ["bash", "-c", _ports_script(_CLAIM_PORT), "dsv4lab-port", str(config.port), run_dir, str(pid)]
         _retry(lambda: host.run(claim, timeout_s=timeout_s))
         handle = ServerHandle(
             host,

@@ -18,7 +18,15 @@ import pytest
 from dsv4lab.config import ServerConfig
 from dsv4lab.errors import HostSetupError
 from dsv4lab.hosts import Host, LocalHost, SSHHost
-from dsv4lab.launch import LaunchError, ServerHandle, StaleServerError, attach, launch, launch_nodes
+from dsv4lab.launch import (
+    LaunchError,
+    ServerHandle,
+    StaleServerError,
+    attach,
+    launch,
+    launch_nodes,
+    reserve_port,
+)
 from dsv4lab.presets import config_a, config_b, config_b_fixed
 from dsv4lab.watch import Verdict, wait_ready, wait_ready_all
 from tests.sshd import SSHD, free_port
@@ -234,6 +242,56 @@ def test_stale_server_on_the_port(tmp_path: Path, handles: list[ServerHandle]) -
     assert not first.is_alive()
     again = attach(LocalHost(), str(tmp_path / "two"))
     assert again.launcher_pid == second.launcher_pid and again.config == second.config
+
+
+def test_two_launches_taking_over_one_stale_reservation_do_not_both_get_the_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dead launcher's reservation is taken over by whoever comes next. Two launches at once each used
+    # to remove the other's fresh reservation and both took the port (seen in CI; half the tries here).
+    monkeypatch.setenv("DSV4LAB_STATE_DIR", str(tmp_path))
+    ports = tmp_path / "ports"
+    ports.mkdir(mode=0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = LocalHost()
+
+    def take(port: int, name: str, outcome: dict[str, str]) -> None:
+        try:
+            reserve_port(host, port, f"/runs/{name}")
+            outcome[name] = "reserved"
+        except StaleServerError as exc:
+            outcome[name] = str(exc)
+
+    for port in range(40000, 40020):
+        (ports / str(port)).write_text(f"/runs/gone\n{dead.pid}\n")
+        outcome: dict[str, str] = {}
+        threads = [threading.Thread(target=take, args=(port, name, outcome)) for name in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        won = [name for name, what in outcome.items() if what == "reserved"]
+        assert len(won) == 1, (port, outcome)
+        lost = "b" if won == ["a"] else "a"
+        assert f"/runs/{won[0]}" in outcome[lost]  # the refusal names the launch that has the port
+        assert (ports / str(port)).read_text() == f"/runs/{won[0]}\n"
+
+
+def test_a_held_reservations_lock_is_a_clear_error_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSV4LAB_STATE_DIR", str(tmp_path))
+    (tmp_path / "ports").mkdir(mode=0o700)
+    # Whatever holds it (a launch frozen mid-step, say): flock's sleeping child keeps the lock.
+    holder = subprocess.Popen(["flock", str(tmp_path / "ports" / ".lock"), "sleep", "30"], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        with pytest.raises(LaunchError, match=r"port 40100 .*lock for over 0.5 s.*fuser"):
+            reserve_port(LocalHost(), 40100, "/runs/a", lock_wait_s=0.5)
+    finally:
+        os.killpg(holder.pid, 9)
+        holder.wait()
+    reserve_port(LocalHost(), 40100, "/runs/a", lock_wait_s=0.5)  # free again: taken at once
+    assert (tmp_path / "ports" / "40100").read_text() == "/runs/a\n"
 
 
 def test_multi_node_launch_and_verdict(tmp_path: Path, handles: list[ServerHandle]) -> None:
