@@ -229,9 +229,9 @@ def _convert(notebook: str, p: Parameter, value: Any) -> Any:
 
 # -- running ----------------------------------------------------------------------------------------------
 
-#: How long (s) to wait after a cell's reply for its last outputs. nbclient's default (4 s) drops what a
-#: cell printed when a loaded machine delays the kernel's output channel (seen in CI: a report whose
-#: launch cell lost its "READY"); a report must keep everything the cell said.
+#: How long (s) to wait after a cell's reply for its last outputs. With nbclient's default (4 s) a loaded
+#: machine that delays the kernel's output channel loses what the cell printed (nbclient's own help names
+#: CI machines); a report must keep everything the cell said.
 IOPUB_TIMEOUT_S = 30
 
 
