@@ -40,7 +40,6 @@ __all__ = [
     "redact_notebook_file",
     "render_report",
     "scrub_home",
-    "write_private",
 ]
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -103,11 +102,6 @@ def public_html(markup: str, keep_paths: Sequence[str | Path] = ()) -> str:
     written ``~/...``, nothing executable (the campaign and sweep indexes go through this)."""
     text = redact_data(markup, collect_secrets())
     return defang_html(scrub_home(str(text), [str(p) for p in keep_paths]))
-
-
-def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` whole (a temp file renamed into place), readable by the user only (0600)."""
-    return write_text_atomic(path, text)
 
 
 def redact_notebook_file(path: str | Path, secrets: Iterable[str] = ()) -> None:

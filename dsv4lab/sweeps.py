@@ -198,9 +198,10 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint]) -> Path:
     page = env.get_template("sweep_index.html.j2").render(
         notebook=nb.stem, keys=keys, rows=rows, figure_names=figure_names, chart_svg=chart_svg, metric=metric
     )
-    from dsv4lab.report import public_html, write_private
+    from dsv4lab.atomicfile import write_text_atomic
+    from dsv4lab.report import public_html
 
-    return write_private(folder / "index.html", public_html(page, [folder]))  # shared like a report
+    return write_text_atomic(folder / "index.html", public_html(page, [folder]))  # shared like a report
 
 
 def _metric(frame: pd.DataFrame) -> str | None:

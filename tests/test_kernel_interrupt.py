@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.kernel import Kernel
+from tests.kernel import CellResult, Kernel
 from tests.test_faults_support import no_processes_left, processes_of, wait_for
 
 pytestmark = pytest.mark.slow
@@ -52,16 +52,22 @@ def _gone(pid: int, timeout_s: float = 10.0) -> bool:
     return False
 
 
+def _press_stop(k: Kernel, cell: str) -> CellResult:
+    """Press Stop during ``cell``: it ends in ``Interrupted`` within the bound; its result for the details."""
+    pressed = k.interrupt()
+    result = k.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    return result
+
+
 def test_stop_during_server_bench_keeps_the_partial_run(kernel: Kernel) -> None:
     kernel.run('a = lab.launch("config_a").wait()', timeout_s=120)
     assert kernel.value("a.state") == "'READY'"
     # 10 waves of 4 requests, about 4.4 s each on the twin: the first wave is done when Stop is pressed.
     cell = kernel.submit("runs = a.bench(concurrency=[4], prompts=40, input_len=256, output_len=300)")
     time.sleep(7.0)
-    pressed = kernel.interrupt()
-    result = kernel.collect(cell, timeout_s=60)
-    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
-    assert result.replied_at - pressed < BACK_WITHIN_S
+    _press_stop(kernel, cell)
     assert kernel.value("len(a.runs)") == "1"
     assert kernel.value("a.runs[-1].partial and a.runs[-1].interrupted") == "True"
     assert kernel.value("a.runs[-1].abort_reason") == "'interrupted by the user'"
@@ -76,10 +82,7 @@ def test_stop_during_server_bench_keeps_the_partial_run(kernel: Kernel) -> None:
         "r = bench.run(a.url, wl, bench.LoadSpec(concurrency=4, warmup=0))"
     )
     time.sleep(7.0)
-    pressed = kernel.interrupt()
-    result = kernel.collect(cell, timeout_s=60)
-    assert result.status == "error" and result.ename == "Interrupted"
-    assert result.replied_at - pressed < BACK_WITHIN_S
+    _press_stop(kernel, cell)
     assert kernel.value("type(sys.last_value.partial).__name__") == "'BenchResult'"
     assert (
         kernel.value("sys.last_value.partial.interrupted and sys.last_value.partial.summary.completed >= 1") == "True"
@@ -91,10 +94,7 @@ def test_stop_during_wait_ready_stops_the_server(kernel: Kernel) -> None:
     pid = int(kernel.value("s.handle.launcher_pid"))
     cell = kernel.submit("s.wait()")
     time.sleep(2.0)
-    pressed = kernel.interrupt()
-    result = kernel.collect(cell, timeout_s=60)
-    assert result.status == "error" and result.ename == "Interrupted"
-    assert result.replied_at - pressed < BACK_WITHIN_S
+    _press_stop(kernel, cell)
     assert kernel.value("s.readiness.verdict.value") == "'INTERRUPTED'"
     assert kernel.value("len(s.readiness.timeline) > 0") == "True"  # the phases seen so far are kept
     assert _gone(pid), "the server the watch started outlived the Stop"
@@ -112,10 +112,7 @@ def test_stop_during_sweep_hands_back_the_finished_runs(kernel: Kernel, tmp_path
     cell = kernel.submit(code)
     _wait_output(kernel, marker)
     time.sleep(6.0)  # the c=1 run (8 short requests) is done by now; the c=8 run is long
-    pressed = kernel.interrupt()
-    result = kernel.collect(cell, timeout_s=60)
-    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
-    assert result.replied_at - pressed < BACK_WITHIN_S
+    _press_stop(kernel, cell)
     partial = "sys.last_value.partial"
     assert kernel.value(f"type({partial}).__name__") == "'BenchRuns'"
     assert kernel.value(f"[r.concurrency for r in {partial}]") == "[1, 8]"
@@ -149,10 +146,7 @@ def test_stop_during_a_comparison_keeps_the_runs_and_stops_both_servers(kernel: 
     while not any(p.read_text().strip() for p in stores.glob("ab-*/bench_results.jsonl")):
         assert time.monotonic() < deadline, "the comparison never finished a run"
         time.sleep(0.1)
-    pressed = kernel.interrupt()
-    result = kernel.collect(cell, timeout_s=60)
-    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
-    assert result.replied_at - pressed < BACK_WITHIN_S
+    _press_stop(kernel, cell)
     partial = "sys.last_value.partial"
     assert kernel.value(f"type({partial}).__name__") == "'ABRuns'"
     assert int(kernel.value(f"len({partial}.a) + len({partial}.b)")) >= 1
@@ -166,10 +160,7 @@ def test_stop_during_profiling_keeps_the_load_run(kernel: Kernel) -> None:
     kernel.run('a = lab.launch("config_a", sample_gpus=False).wait()', timeout_s=120)
     cell = kernel.submit("k = a.profile(4, prompts=40, input_len=256, output_len=300)")
     time.sleep(6.0)
-    pressed = kernel.interrupt()
-    result = kernel.collect(cell, timeout_s=60)
-    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
-    assert result.replied_at - pressed < BACK_WITHIN_S
+    result = _press_stop(kernel, cell)
     assert "asked to stop profiling" in (result.evalue or "")
     assert kernel.value("a.runs[-1].interrupted and a.runs[-1].summary.completed >= 1") == "True"
     assert kernel.value("sys.last_value.partial is a.runs[-1]") == "True"
@@ -192,9 +183,6 @@ def test_stop_during_a_remote_bench_serving_kills_it(kernel: Kernel, tmp_path: P
         f" work_dir={str(tmp_path / 'work')!r}, sglang_version='0.5.23', python=python, timeout_s=600)"
     )
     wait_for(lambda: processes_of(site), "the remote client to start", timeout_s=60)
-    pressed = kernel.interrupt()
-    result = kernel.collect(cell, timeout_s=60)
-    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
-    assert result.replied_at - pressed < BACK_WITHIN_S
+    result = _press_stop(kernel, cell)
     assert "process tree is being killed" in (result.evalue or "")
     no_processes_left(site)

@@ -43,6 +43,15 @@ def tiny(port: int, **changes: object) -> ServerConfig:
     return base.replace(**changes) if changes else base
 
 
+def launch_tiny(
+    run_dir: Path, *, port: int | None = None, fault: str | None = None, replace_stale: bool = False
+) -> ServerHandle:
+    """The tiny twin (tp 2, hardware ``tiny``), launched locally into ``run_dir``, with ``fault`` if given."""
+    env = twin_env(DSV4LAB_TWIN_HARDWARE="tiny", **({"DSV4LAB_TWIN_FAULT": fault} if fault else {}))
+    config = tiny(port or free_port())
+    return launch(LocalHost(), config, str(run_dir), target="twin", twin_env=env, replace_stale=replace_stale)
+
+
 def _tree_pids(handle: ServerHandle) -> list[int]:
     try:
         root = psutil.Process(handle.launcher_pid)
@@ -149,13 +158,7 @@ def test_config_b_fixed_starts(tmp_path: Path, handles: list[ServerHandle], tune
 def test_each_fault_gets_its_verdict(
     tmp_path: Path, handles: list[ServerHandle], fault: str, verdict: Verdict, words: str
 ) -> None:
-    h = launch(
-        LocalHost(),
-        tiny(free_port()),
-        str(tmp_path / "f"),
-        target="twin",
-        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT=fault),
-    )
+    h = launch_tiny(tmp_path / "f", fault=fault)
     handles.append(h)
     r = wait_ready(h, 60, stall_after_s=3, progress=False)
     assert r.verdict is verdict, (r.reason, r.evidence)
@@ -165,13 +168,7 @@ def test_each_fault_gets_its_verdict(
 
 
 def test_dead_process_with_old_log_is_crashed_at_once(tmp_path: Path, handles: list[ServerHandle]) -> None:
-    h = launch(
-        LocalHost(),
-        tiny(free_port()),
-        str(tmp_path / "d"),
-        target="twin",
-        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT="capture_hang"),
-    )
+    h = launch_tiny(tmp_path / "d", fault="capture_hang")
     handles.append(h)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "Capture" not in (
@@ -194,13 +191,7 @@ def test_dead_process_with_old_log_is_crashed_at_once(tmp_path: Path, handles: l
 def test_interrupt_stops_the_server_unless_kept(
     tmp_path: Path, handles: list[ServerHandle], keep_running: bool
 ) -> None:
-    h = launch(
-        LocalHost(),
-        tiny(free_port()),
-        str(tmp_path / "i"),
-        target="twin",
-        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny", DSV4LAB_TWIN_FAULT="capture_hang"),
-    )
+    h = launch_tiny(tmp_path / "i", fault="capture_hang")
     handles.append(h)
 
     def interrupt(line: str) -> None:
@@ -214,29 +205,14 @@ def test_interrupt_stops_the_server_unless_kept(
 
 def test_stale_server_on_the_port(tmp_path: Path, handles: list[ServerHandle]) -> None:
     port = free_port()
-    first = launch(
-        LocalHost(), tiny(port), str(tmp_path / "one"), target="twin", twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny")
-    )
+    first = launch_tiny(tmp_path / "one", port=port)
     handles.append(first)
     assert wait_ready(first, 60, progress=False).ready
     with pytest.raises(StaleServerError, match=f"port {port}"):
-        launch(
-            LocalHost(),
-            tiny(port),
-            str(tmp_path / "two"),
-            target="twin",
-            twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny"),
-        )
+        launch_tiny(tmp_path / "two", port=port)
     with pytest.raises(LaunchError, match="already has a running server"):
         launch(LocalHost(), tiny(port), str(tmp_path / "one"), target="twin")
-    second = launch(
-        LocalHost(),
-        tiny(port),
-        str(tmp_path / "two"),
-        target="twin",
-        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny"),
-        replace_stale=True,
-    )
+    second = launch_tiny(tmp_path / "two", port=port, replace_stale=True)
     handles.append(second)
     assert wait_ready(second, 60, progress=False).ready
     assert not first.is_alive()
@@ -474,13 +450,7 @@ def test_elapsed_and_phases_count_from_the_launch_when_watched_right_after(
     tmp_path: Path, handles: list[ServerHandle]
 ) -> None:
     # "READY after 0.1 s" for a server that took 3 s to start was the watch's age, not the startup's.
-    h = launch(
-        LocalHost(),
-        tiny(free_port()),
-        str(tmp_path / "l"),
-        target="twin",
-        twin_env=twin_env(DSV4LAB_TWIN_HARDWARE="tiny"),
-    )
+    h = launch_tiny(tmp_path / "l")
     handles.append(h)
     while time.time() - h.started_at < 1.0:
         time.sleep(0.05)
