@@ -27,6 +27,7 @@ from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.campaignlock import campaign_lock
 from dsv4lab.errors import ConfigError, Interrupted, NotebookError
 from dsv4lab.experiment import read_results, write_json_atomic
+from dsv4lab.measurements import Measurement, by_config
 from dsv4lab.nbrun import (
     NotebookRun,
     check_parameters,
@@ -36,6 +37,7 @@ from dsv4lab.nbrun import (
     run_notebook,
 )
 from dsv4lab.report import public_html
+from dsv4lab.units import Clock, fmt_tok_s
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -438,6 +440,7 @@ def write_index(campaign: Campaign, folder: Path, states: Sequence[StepState]) -
         campaign=campaign,
         steps=[_step_view(campaign, s, folder) for s in states],
         pending=[s.id for s in campaign.steps if s.id not in by_id],
+        headlines=_headline_views(states),
         levers=[_lever_view(x, by_id) for x in campaign.index.get("lever", [])],
         facts=[_fact_view(x, by_id) for x in campaign.index.get("fact", [])],
         charts=[c for c in (_chart_view(x, by_id, folder) for x in campaign.index.get("chart", [])) if c],
@@ -474,6 +477,35 @@ def _figure(ref: str, by_id: Mapping[str, StepState]) -> Any:
     return None if state is None else state.figures.get(name)
 
 
+def step_measurements(states: Sequence[StepState]) -> list[Measurement]:
+    """Every throughput measurement the steps recorded (``results.json``'s ``measurements``), in step order."""
+    out: list[Measurement] = []
+    for s in states:
+        if not s.run_dir:
+            continue
+        with contextlib.suppress(ConfigError):
+            for item in read_results(s.run_dir).get("measurements", []):
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    out.append(Measurement.from_dict(item, step=s.id))
+    return out
+
+
+def _headline_views(states: Sequence[StepState]) -> list[dict[str, Any]]:
+    """One row per config and concurrency: its headline measurement, and every other one as such."""
+    rows = []
+    for lead, others in by_config(step_measurements(states)):
+        rows.append(
+            {
+                "config": lead.config,
+                "concurrency": "unlimited" if lead.concurrency is None else lead.concurrency,
+                "value": lead.value_text(),
+                "basis": lead.basis(),
+                "others": [f"{fmt_tok_s(m.output_tok_s)}: {m.basis()}" for m in others],
+            }
+        )
+    return rows
+
+
 def _lever_view(spec: Mapping[str, Any], by_id: Mapping[str, StepState]) -> dict[str, Any]:
     value = _figure(str(spec.get("figure", "")), by_id)
     view: dict[str, Any] = {"name": str(spec.get("name", spec.get("figure"))), "measured": False}
@@ -488,7 +520,9 @@ def _lever_view(spec: Mapping[str, Any], by_id: Mapping[str, StepState]) -> dict
             state=state,
             concurrency=value.get("concurrency"),
             repeats="/".join(str(n) for n in value.get("repeats", [])),
-            means=f"{value.get('a')} {value.get('mean_a', 0):,.1f} → {value.get('b')} {value.get('mean_b', 0):,.1f}",
+            means=(
+                f"{value.get('a')} {fmt_tok_s(value.get('mean_a'))} → {value.get('b')} {fmt_tok_s(value.get('mean_b'))}"
+            ),
             workload=str(value.get("workload") or "—"),
         )
     return view
@@ -553,7 +587,9 @@ def _provenance(campaign: Campaign) -> list[tuple[str, str]]:
         ("hardware", str(p.get("hardware", ""))),
     ]
     if target == "twin":
-        rows.append(("time scale", f"{p.get('time_scale')} (throughputs are shown for the modelled hardware)"))
+        with contextlib.suppress(TypeError, ValueError):
+            clock = Clock.twin(float(p.get("time_scale", 1.0)), str(p.get("hardware", "")) or None)
+            rows.append(("clock", clock.note()))
     rows.append(
         (
             "versions",

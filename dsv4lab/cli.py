@@ -250,7 +250,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print(f"{result.verdict.value}: {result.reason}")
+        print(f"{result.headline()}: {result.reason}")
         for line in result.evidence[-20:]:
             print(f"  | {line}")
     return 0 if result.ready else 1
@@ -434,8 +434,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         reports_root=args.reports,
         run_predicted_oom=args.run_predicted_oom,
     )
-    for point in result.points:
-        print(f"{point.parameters}  {point.predicted:<32} {point.status}", file=sys.stderr)
+    print(result.text_table())
     print(result.index)
     return 0 if all(p.status in ("ok", "skipped") for p in result.points) else 1
 

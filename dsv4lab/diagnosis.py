@@ -112,40 +112,41 @@ def _with_model(
         f"buffers ({worst.comm_gib:.1f}) need {worst.comm_gib + worst.graphs_gib:.1f} GiB"
         + (f": short by {base.short_by_gib:.1f} GiB in {base.fail_phase}." if not base.fits else "; it should fit.")
     )
-    checked: list[Fix] = []
+    # Each fix with its rank: 0 predicted to fit, 1 not modelled (kept as the log reading gave it), 2 still
+    # short. A card lists what fits first: a first row that says "still short" sends a reader the wrong way.
+    ranked: list[tuple[int, Fix]] = []
     levers: dict[str, tuple[Fix, float | int]] = {}  # the first fix per config field, for the combination
     for fix in d.fixes:
         lever = _lever(fix)
         if lever is None:
-            checked.append(fix)
+            ranked.append((1, fix))
             continue
         name, value = lever
         try:
             p = preflight(config.replace(**{name: value}), hw, m, sglang_version=version)
         except ConfigError:  # a value the config rejects: keep the fix as the log reading gave it
-            checked.append(fix)
+            ranked.append((1, fix))
             continue
-        checked.append(Fix(fix.change, f"{fix.why} Checked: {_verdict(p)}."))
+        ranked.append((0 if p.fits else 2, Fix(fix.change, f"{fix.why} Checked: {_verdict(p)}.")))
         levers.setdefault(name, (fix, value))
     # Both levers together (the story's fix), and the model's own suggestions, each checked.
-    extra: list[Fix] = []
-    flags = [f.change for f in checked]
+    flags = [f.change for _, f in ranked]
     if len(levers) == 2:
         p = preflight(config.replace(**{k: v for k, (_, v) in levers.items()}), hw, m, sglang_version=version)
-        extra.append(
-            Fix(
-                " ".join(f.change for f, _ in levers.values()),
-                f"Both changes together: {_verdict(p)}; the KV pool keeps {p.kv_tokens:,} tokens.",
-            )
+        both = Fix(
+            " ".join(f.change for f, _ in levers.values()),
+            f"Both changes together: {_verdict(p)}; the KV pool keeps {p.kv_tokens:,} tokens.",
         )
+        ranked.append((0 if p.fits else 2, both))
     for s in suggest(config, hw, m, sglang_version=version):
         change = s.as_flags(version)
         if change not in flags:
-            extra.append(Fix(change, f"Memory model: {s.why}."))
+            ranked.append((0, Fix(change, f"Memory model: {s.why}.")))
+    fixes = tuple(f for _, f in sorted(ranked, key=lambda rf: rf[0]))  # stable: the log's order within a rank
     figures = {
         **d.figures,
         "model_short_by_gib": base.short_by_gib,
         "model_slack_gib": worst.slack_gib,
         "model_need_gib": worst.comm_gib + worst.graphs_gib,
     }
-    return dataclasses.replace(d, fixes=(*checked, *extra), notes=(*d.notes, note), figures=figures)
+    return dataclasses.replace(d, fixes=fixes, notes=(*d.notes, note), figures=figures)

@@ -182,6 +182,24 @@ class Experiment:
         write_json_atomic(path, current)
         return dict(current["figures"])
 
+    def measured(self, source: Any, role: str = "benchmark") -> list[Any]:
+        """Record the throughput measurements in ``source`` (benchmark runs, or an A/B's runs) in
+        ``results.json`` under ``measurements``, with their workload and repeats, so that pages can lead
+        with one headline per config (:mod:`dsv4lab.measurements`); returns them."""
+        from dsv4lab.measurements import measurements
+
+        found = measurements(source, role=role)
+        path = self.out_dir / RESULTS_FILE
+        current = read_results(path.parent)
+        kept = [m for m in current.get("measurements", []) if isinstance(m, dict)]
+        fresh = [m.to_dict() for m in found]
+        keys = {(m["config"], m["concurrency"], m["workload"], m["role"]) for m in fresh}
+        current["measurements"] = [
+            m for m in kept if (m.get("config"), m.get("concurrency"), m.get("workload"), m.get("role")) not in keys
+        ] + fresh
+        write_json_atomic(path, current)
+        return found
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         out["concurrency"] = list(self.concurrency)

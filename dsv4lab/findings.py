@@ -23,10 +23,13 @@ from dsv4lab.experiment import read_results
 from dsv4lab.hardware import HardwareProfile
 from dsv4lab.logs import Diagnosis
 from dsv4lab.memory import DEFAULT_MARGIN_GIB, Preflight, preflight, suggest
+from dsv4lab.tables import Table, table
+from dsv4lab.units import plural
 
 __all__ = [
     "FixCandidate",
     "ab_figure",
+    "budget_table",
     "candidates_frame",
     "cheap_levers",
     "chosen_fix",
@@ -44,12 +47,12 @@ __all__ = [
 
 def throughput_figures(runs: Sequence[BenchResult], *, prefix: str = "output_throughput") -> dict[str, float]:
     """``{"output_throughput_c1": ..., "output_throughput_c16": ...}``: mean output tok/s per level on the
-    hardware (the twin's measured figure x its time scale), over the level's complete runs."""
+    hardware (:attr:`BenchResult.on_hardware`), over the level's complete runs that completed a request."""
     levels: dict[int, list[float]] = {}
     for r in runs:
-        if r.partial or r.concurrency is None:
+        if r.partial or r.concurrency is None or not r.summary.completed:
             continue
-        levels.setdefault(r.concurrency, []).append(r.summary.output_throughput * (r.time_scale or 1.0))
+        levels.setdefault(r.concurrency, []).append(r.on_hardware.output_throughput)
     return {f"{prefix}_c{c}": sum(v) / len(v) for c, v in sorted(levels.items())}
 
 
@@ -57,7 +60,6 @@ def ab_figure(comparison: ABComparison, concurrency: int | None = None) -> dict[
     """One lever at one level as the campaign index shows it: B vs A relative change, its 95 % CI, the
     verdict, and both means on the hardware (the first level when ``concurrency`` is not given)."""
     level = comparison.at(concurrency) if concurrency is not None else comparison.levels[0]
-    scale = comparison.time_scale or 1.0
     lo, hi = level.rel_ci
     return {
         "rel": level.rel_diff,
@@ -66,8 +68,8 @@ def ab_figure(comparison: ABComparison, concurrency: int | None = None) -> dict[
         "concurrency": level.concurrency,
         "a": comparison.label_a,
         "b": comparison.label_b,
-        "mean_a": level.mean_a * scale,
-        "mean_b": level.mean_b * scale,
+        "mean_a": level.mean_a,
+        "mean_b": level.mean_b,
         "repeats": [level.n_a, level.n_b],
         "workload": comparison.workload,
     }
@@ -160,20 +162,20 @@ def chosen_fix(candidates: Sequence[FixCandidate], *, margin_gib: float = DEFAUL
     raise ConfigError("fix", None, "a change the memory model predicts to fit: none of the candidates does")
 
 
-def candidates_frame(candidates: Sequence[FixCandidate]) -> pd.DataFrame:
-    """The candidates as a table a report can show: the flags, where they came from, the model's verdict."""
+def candidates_frame(candidates: Sequence[FixCandidate]) -> Table:
+    """The candidates as a table a report can show: the flags, where they came from, the model's verdict
+    (fits first, then the most headroom; a negative headroom is the shortfall)."""
     rows = [
         {
             "change": c.flags,
             "from": c.source,
-            "predicted": "fits" if c.fits else "OOM",
-            "headroom GiB": round(c.headroom_gib, 1),
-            "KV pool tokens": c.kv_tokens,
+            "predicted": "fits" if c.fits else f"OOM, short by {-c.headroom_gib:.1f} GiB",
+            "headroom (GiB)": round(c.headroom_gib, 1),
+            "KV pool (tokens)": c.kv_tokens,
         }
         for c in candidates
     ]
-    frame: pd.DataFrame = pd.DataFrame(rows)
-    return frame
+    return table(rows, title="candidate fixes, each checked by the memory model")
 
 
 def overrides_text(overrides: Mapping[str, str]) -> str:
@@ -181,7 +183,7 @@ def overrides_text(overrides: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in overrides.items())
 
 
-def graph_table(*preflights: tuple[str, Preflight]) -> pd.DataFrame:
+def graph_table(*preflights: tuple[str, Preflight]) -> Table:
     """The CUDA-graph runners each config captures and their memory: why verify and draft graphs need more."""
     rows = [
         {
@@ -189,14 +191,48 @@ def graph_table(*preflights: tuple[str, Preflight]) -> pd.DataFrame:
             "runner": g.runner,
             "role": g.role,
             "tokens per request": g.tokens_per_request,
-            "max batch": g.max_bs,
-            "GiB": round(g.gib, 2),
+            "max batch (requests)": g.max_bs,
+            "graph memory (GiB)": round(g.gib, 2),
         }
         for name, p in preflights
         for g in p.graphs
     ]
-    frame: pd.DataFrame = pd.DataFrame(rows)
-    return frame
+    return table(rows, title="CUDA graphs each config captures (memory model, per GPU)")
+
+
+def budget_table(comparison: pd.DataFrame) -> Table:
+    """:func:`dsv4lab.budget.compare_budgets`'s per-GPU rows folded into one row per category: the
+    predicted and observed GiB (a range where the GPUs differ) and on how many GPUs they agree."""
+
+    def span(values: pd.Series) -> str:
+        nums = [float(v) for v in values if v is not None and not pd.isna(v)]
+        if not nums:
+            return "–"
+        lo, hi = min(nums), max(nums)
+        return f"{lo:,.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:,.1f} to {hi:,.1f}"
+
+    rows = []
+    for category, group in comparison.groupby("category", sort=False):
+        judged = [bool(a) for a in group["agrees"] if a is not None and not pd.isna(a)]
+        if judged:
+            agrees = f"{sum(judged)} of {plural(len(judged), 'GPU')}"
+        else:
+            agrees = "not comparable (see note)"
+        rows.append(
+            {
+                "category": category,
+                "predicted (GiB)": span(group["predicted_gib"]),
+                "observed in the log (GiB)": span(group["observed_gib"]),
+                "difference (GiB)": span(group["diff_gib"]),
+                "agrees within tolerance": agrees,
+            }
+        )
+    note = (
+        "Ranges span the GPUs. Graph pools and free memory are not comparable on a GPU whose startup did not "
+        "finish (capture stops at the failed allocation); 'short' is the whole capture's shortfall in the model "
+        "and the failed allocation's in the log."
+    )
+    return table(rows, title="GPU memory budget: the memory model against the server log", note=note)
 
 
 def mtp_bounds(
@@ -206,7 +242,7 @@ def mtp_bounds(
     context_tokens: int,
     accept_length: float | None = None,
     tp: int = 8,
-) -> pd.DataFrame:
+) -> Table:
     """The memory-bandwidth bound of a decode step with and without one MTP draft token, per level.
 
     With speculation every request sends two query tokens per step; the bound shows where that is nearly free
@@ -224,14 +260,13 @@ def mtp_bounds(
         rows.append(
             {
                 "concurrency": c,
-                "bound without MTP, tok/s": round(plain.tok_s, 1),
-                "bound with MTP, tok/s": round(mtp.tok_s, 1),
+                "bound without MTP (tok/s)": round(plain.tok_s, 1),
+                "bound with MTP (tok/s)": round(mtp.tok_s, 1),
                 "MTP gain at the bound": f"{mtp.tok_s / plain.tok_s - 1:+.0%}",
                 "accepted tokens per step": round(accepted, 2),
             }
         )
-    frame: pd.DataFrame = pd.DataFrame(rows)
-    return frame
+    return table(rows, title="the memory-bandwidth bound of a decode step, with and without MTP")
 
 
 def cheap_levers(config: ServerConfig) -> dict[str, tuple[str, ServerConfig]]:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from dsv4lab.errors import Interrupted, ProfileError
 from dsv4lab.hosts import Host
+from dsv4lab.units import REAL, Clock, fmt_ms
 
 __all__ = ["KernelBreakdown", "ProfileError", "kernel_breakdown", "kind_of", "profile_server"]
 
@@ -53,6 +54,13 @@ class KernelBreakdown:
     kinds: pd.DataFrame
     total_ms: float
     source: str
+    #: The profiled server's clock: the trace's times are the twin's on the twin (views convert them).
+    clock: Clock = REAL
+
+    @property
+    def gpu_ms(self) -> float:
+        """Total GPU kernel time on the reader's clock (the modelled hardware on the twin)."""
+        return self.clock.seconds(self.total_ms)
 
     def share(self, kind: str) -> float:
         row = self.kinds[self.kinds["kind"] == kind]
@@ -66,15 +74,28 @@ class KernelBreakdown:
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
 
-        kinds = [{"kind": r["kind"], "ms": r["ms"], "share": f"{r['share']:.0%}"} for _, r in self.kinds.iterrows()]
+        ms = f"GPU time (ms{', modelled' if self.clock.is_twin else ''})"
+        kinds = [
+            {"kind": r["kind"], ms: self.clock.seconds(float(r["ms"])), "share": f"{r['share']:.0%}"}
+            for _, r in self.kinds.iterrows()
+        ]
         top = [
-            {"kernel": r["kernel"], "kind": r["kind"], "ms": r["ms"], "share": f"{r['share']:.1%}"}
+            {
+                "kernel": r["kernel"],
+                "kind": r["kind"],
+                ms: self.clock.seconds(float(r["ms"])),
+                "share": f"{r['share']:.1%}",
+            }
             for _, r in self.kernels.head(25).iterrows()
         ]
         name, share = self.top()
-        body = hv.p(f"{self.total_ms:,.1f} ms of GPU kernel time; the top kernel {name} takes {share:.0%}.")
+        body = hv.p(
+            f"{fmt_ms(self.gpu_ms)} of GPU kernel time{self.clock.tag}; the top kernel {name} takes {share:.0%}."
+        )
         return hv.card(
-            "kernel time", body + hv.table(kinds) + hv.table(top, max_rows=10), status=f"{share:.0%} top kernel"
+            "kernel time",
+            body + hv.table(kinds, digits=1) + hv.table(top, max_rows=10, digits=1),
+            status=f"{share:.0%} top kernel",
         )
 
     def to_frame(self) -> pd.DataFrame:

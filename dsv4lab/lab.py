@@ -42,6 +42,8 @@ from dsv4lab.logs import Diagnosis
 from dsv4lab.memory import Preflight, Suggestion, preflight, suggest
 from dsv4lab.presets import KERNEL_CONFIG_DIR, PRESETS, preset
 from dsv4lab.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server
+from dsv4lab.tables import Table, table
+from dsv4lab.units import REAL, Clock, plural
 from dsv4lab.versions import resolve_release
 from dsv4lab.watch import Readiness, Verdict
 
@@ -127,6 +129,11 @@ class Lab:
     @property
     def is_local(self) -> bool:
         return isinstance(self.host, LocalHost)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this session's figures are read on: the modelled hardware on the twin."""
+        return Clock.twin(self.time_scale, self.hardware.name) if self.target == "twin" else REAL
 
     @property
     def model(self) -> ModelProfile:
@@ -477,14 +484,19 @@ class Lab:
                     with contextlib.suppress(Exception):
                         server.stop(grace_s=10.0)
 
-    def ps(self) -> pd.DataFrame:
-        """The servers of this session and whether each is alive now."""
+    def ps(self) -> Table:
+        """The servers of this session and whether each is alive now (a table that shows itself; the
+        columns of :meth:`Server.to_dict` plus ``alive``)."""
         rows = []
         for s in self.servers:
             alive = s.is_alive()
             rows.append({**s.to_dict(), "alive": alive})
-        frame: pd.DataFrame = pd.DataFrame(rows)
-        return frame
+        out = table(rows, title=f"{plural(len(self.servers), 'server')} of this session on {self.host.name}")
+        out.note = (
+            "state: the watcher's verdict (READY, CRASHED, ...), 'starting' before one, 'stopped' once the lab "
+            "stopped it; alive: whether its launcher still runs now"
+        )
+        return out
 
     def stop_all(self, *, include_kept: bool = False) -> None:
         """Stop every server this session started that is still running (kept ones only if asked)."""

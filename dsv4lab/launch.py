@@ -21,6 +21,7 @@ from dsv4lab.errors import DSV4LabError, HostConnectionError, HostSetupError, La
 from dsv4lab.hosts import Host, KillReport, LocalHost
 from dsv4lab.render import Target, render_argv, render_env_file, render_launch_script
 from dsv4lab.rundir import RunLayout
+from dsv4lab.units import REAL, Clock
 from dsv4lab.versions import resolve_release
 
 __all__ = [
@@ -153,6 +154,13 @@ class ServerHandle:
     @property
     def port(self) -> int:
         return self.config.port
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this server's figures are read on (the twin's modelled hardware, or as measured)."""
+        if self.target != "twin":
+            return REAL
+        return Clock.from_twin_env({"DSV4LAB_TWIN_TIME_SCALE": "1", **dict(self.extra.get("twin_env") or {})})
 
     def server_pid(self) -> int | None:
         """PID of the server process, once the launch script has started it."""

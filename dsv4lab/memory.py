@@ -323,12 +323,12 @@ class Preflight:
         rows = [
             {
                 "GPU": g.gpu,
-                "free before (GiB)": g.free_before_load_gib,
-                "weights": g.weights_gib + g.draft_weights_gib,
-                "KV pool": g.kv_pool_gib,
-                "slack": g.slack_gib,
-                "graphs + buffers": g.graphs_gib + g.comm_gib,
-                "headroom": g.headroom_gib,
+                "free before load (GiB)": g.free_before_load_gib,
+                "weights (GiB)": g.weights_gib + g.draft_weights_gib,
+                "KV pool (GiB)": g.kv_pool_gib,
+                "slack (GiB)": g.slack_gib,
+                "graphs + buffers (GiB)": g.graphs_gib + g.comm_gib,
+                "headroom (GiB)": g.headroom_gib,
                 "verdict": "fits" if g.fits else f"OOM in {g.fail_phase}",
             }
             for g in self.per_gpu
@@ -342,7 +342,20 @@ class Preflight:
         body = (
             head + hv.table(rows, max_rows=8) + hv.fold(self.explain().splitlines(), keep=4, summary="the arithmetic")
         )
-        return hv.card("memory preflight", body, state=state, status=status)  # type: ignore[arg-type]
+        return hv.card(f"memory preflight: {self.checked()}", body, state=state, status=status)  # type: ignore[arg-type]
+
+    def checked(self) -> str:
+        """What the preflight checked, in one phrase: ``mem_fraction_static 0.70, CUDA graphs up to batch
+        256 (SGLang's default cap)``."""
+        s = self.settings
+        fraction = f"mem_fraction_static {s.mem_fraction_static:.2f}" + (
+            " (SGLang's default)" if s.mem_fraction_is_default else ""
+        )
+        if not self.graphs:
+            return f"{fraction}, no CUDA graphs"
+        top = max(g.max_bs for g in self.graphs)
+        cap = "" if s.cuda_graph_max_bs else " (SGLang's default cap)"
+        return f"{fraction}, CUDA graphs up to batch {top}{cap}"
 
 
 def _draft_in_static(p: Preflight) -> bool:

@@ -31,6 +31,7 @@ from dsv4lab.errors import ConfigError, DSV4LabError, Interrupted, NotebookError
 from dsv4lab.experiment import RESULTS_FILE, check_experiment_parameters, read_results, write_json_atomic
 from dsv4lab.report import redact_notebook_file
 from dsv4lab.secrets import collect_secrets
+from dsv4lab.units import Clock
 
 __all__ = [
     "NOTEBOOK_DIR",
@@ -519,12 +520,9 @@ def _provenance(params: Mapping[str, Any], out_dir: Path) -> list[tuple[str, str
         ("hardware", str(params.get("hardware", ""))),
     ]
     if target == "twin":
-        rows.append(
-            (
-                "time scale",
-                f"{params.get('time_scale', '')} (twin durations x this; throughputs shown for the modelled hardware)",
-            )
-        )
+        with contextlib.suppress(TypeError, ValueError):
+            clock = Clock.twin(float(params.get("time_scale", 1.0)), str(params.get("hardware", "")) or None)
+            rows.append(("clock", clock.note()))
     shown = {"target", "host", "hardware", "time_scale", "run_dir"}
     rest = ", ".join(f"{k}={v!r}" for k, v in params.items() if k not in shown and v not in (None, "", []))
     if rest:

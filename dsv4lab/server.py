@@ -12,6 +12,7 @@ Servers are made by :meth:`dsv4lab.lab.Lab.launch`; the functions underneath (``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import warnings
 from collections.abc import Sequence
@@ -31,6 +32,8 @@ from dsv4lab.kernels import KernelBreakdown, profile_server
 from dsv4lab.launch import ServerHandle
 from dsv4lab.logs import Diagnosis
 from dsv4lab.secrets import collect_secrets, redact_text
+from dsv4lab.tables import Table, table
+from dsv4lab.units import fmt_tok_s, plural
 from dsv4lab.watch import VERDICT_STATE, Readiness, Verdict, wait_ready
 
 if TYPE_CHECKING:
@@ -240,9 +243,10 @@ class Server:
 
         remote = f"{self.run_dir}/profile"
         try:
-            return profile_server(
+            breakdown = profile_server(
                 self.url, self.handle.host, remote, during, local_dir=str(self.local_dir / "traces"), within=within
             )
+            return dataclasses.replace(breakdown, clock=self.handle.clock)
         except ProfileError as exc:
             if "died during" in str(exc) or self.handle.is_alive():
                 raise
@@ -266,8 +270,13 @@ class Server:
 
     def gpu_memory(self) -> pd.DataFrame:
         """GPU memory samples taken while this server ran: ``time`` (the host's clock, tz-aware), ``t`` (s),
-        ``gpu``, ``used_mib``, ``total_mib``, ``util_pct``. Also in ``local_dir / "gpu_memory.csv"``."""
-        return self.lab._gpu_frame(self)
+        ``gpu``, ``used_mib``, ``total_mib``, ``util_pct``. Also in ``local_dir / "gpu_memory.csv"``. On the
+        twin the frame's ``attrs["time_scale"]`` says ``t`` is on the twin clock (charts convert it)."""
+        frame = self.lab._gpu_frame(self)
+        clock = self.handle.clock
+        if clock.is_twin:
+            frame.attrs["time_scale"] = clock.time_scale
+        return frame
 
     def memory_timeline(self, *, title: str | None = None) -> Any:
         """The GPU memory chart of this server's startup (and life): phases and the OOM from its log, the
@@ -280,7 +289,7 @@ class Server:
             self.gpu_memory(), log=str(self.fetch()), preflight=p, config=self.name, title=title
         )
 
-    def fp8_kernels(self) -> pd.DataFrame:
+    def fp8_kernels(self) -> Table:
         """Which FP8 GEMM kernel configs the server loaded: per config file, tuned or not and how many lookups
         (ranks x GEMM shapes) found it.
 
@@ -294,8 +303,12 @@ class Server:
                 key = (e.kernel, e.tuned, (e.path or "").rsplit("/", 1)[-1])
                 found[key] = found.get(key, 0) + 1
         rows = [{"kernel": k, "tuned": t, "config file": f, "lookups": n} for (k, t, f), n in found.items()]
-        frame: pd.DataFrame = pd.DataFrame(rows, columns=["kernel", "tuned", "config file", "lookups"])
-        return frame
+        return table(
+            rows,
+            columns=["kernel", "tuned", "config file", "lookups"],
+            title=f"FP8 kernel configs {self.name} loaded",
+            note="lookups: ranks x GEMM shapes that asked for the config (one log line each)",
+        )
 
     def observed_budget(self) -> Any:
         """The per-GPU memory split as this server's log tells it (:func:`dsv4lab.budget.observed_budget`)."""
@@ -401,9 +414,18 @@ class Server:
             ("port", str(self.port)),
             ("run dir", self.run_dir),
         ]
-        if self.runs:
-            best = max(r.summary.output_throughput * (r.time_scale or 1) for r in self.runs)
-            facts.append(("benchmark runs", f"{len(self.runs)}; best {best:,.1f} output tok/s"))
+        done = [r for r in self.runs if r.summary.completed]
+        if done:
+            best = max(done, key=lambda r: r.on_hardware.output_throughput)
+            facts.append(
+                (
+                    "benchmark runs",
+                    f"{plural(len(self.runs), 'run')}; best {fmt_tok_s(best.on_hardware.output_throughput)} output "
+                    f"at concurrency {best.concurrency}{best.clock.tag}",
+                )
+            )
+        elif self.runs:
+            facts.append(("benchmark runs", f"{plural(len(self.runs), 'run')}; none completed a request"))
         body = hv.kv_table(facts)
         if self.readiness is not None:
             body += self.readiness._repr_html_()

@@ -10,6 +10,7 @@ confirming what arithmetic already says.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ from dsv4lab.config import field_names
 from dsv4lab.errors import ConfigError, DSV4LabError
 from dsv4lab.experiment import parse_overrides, write_json_atomic
 from dsv4lab.nbrun import check_parameters, find_notebook, new_run_dir, notebook_parameters, run_notebook
+from dsv4lab.units import Clock, plural
 
-__all__ = ["SweepPoint", "SweepResult", "expand_grid", "load_points", "run_sweep"]
+__all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_text", "load_points", "run_sweep"]
 
 
 @dataclass
@@ -35,6 +37,10 @@ class SweepPoint:
     run_dir: str | None = None
     report: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
+    #: For a point predicted not to fit: the memory model's first suggestion that does.
+    suggestion: str = ""
+    #: The shortfall the model predicts (GiB), for a point predicted not to fit.
+    short_by_gib: float | None = None
 
 
 @dataclass
@@ -43,6 +49,21 @@ class SweepResult:
     folder: Path
     index: Path
     points: list[SweepPoint]
+    #: Every parameter the points share (the command's, the campaign's, the notebook's defaults).
+    fixed: dict[str, Any] = field(default_factory=dict)
+    #: The config the sweep varies: the preset and the changes every point applies.
+    base: str = ""
+
+    @property
+    def keys(self) -> list[str]:
+        """The swept parameters, in order."""
+        return list(dict.fromkeys(k for p in self.points for k in p.parameters))
+
+    @property
+    def title(self) -> str:
+        """What was swept over what: ``mem_fraction_static over config_b with cuda_graph_max_bs=16``."""
+        what = ", ".join(self.keys) or "no parameter"
+        return f"Sweep of {what} over {self.base}" if self.base else f"Sweep of {what} ({self.notebook})"
 
     def to_frame(self) -> pd.DataFrame:
         """One row per point: its grid values, the predicted fit, the outcome and the scalar figures."""
@@ -53,12 +74,52 @@ class SweepResult:
         frame: pd.DataFrame = pd.DataFrame(rows)
         return frame
 
+    def table_rows(self) -> list[dict[str, str]]:
+        """The index's table as text cells with units in the headers (what the terminal prints too)."""
+        names = figure_columns(self.points)
+        rows = []
+        for p in self.points:
+            row = {k: _cell(p.parameters.get(k)) for k in self.keys}
+            row["predicted"] = p.predicted
+            row["outcome"] = p.status
+            for name in names:
+                row[figure_header(name)] = _cell(p.figures.get(name), name)
+            rows.append(row)
+        return rows
+
+    def text_table(self) -> str:
+        """The table as aligned plain text, with the title and what was held fixed above it."""
+        rows = self.table_rows()
+        lines = [self.title, f"held fixed: {held_text(self.fixed)}"]
+        if rows:
+            cols = list(rows[0])
+            width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+            lines.append("  ".join(c.ljust(width[c]) for c in cols).rstrip())
+            lines.extend("  ".join(r[c].ljust(width[c]) for c in cols).rstrip() for r in rows)
+        lines.extend(self.notes())
+        return "\n".join(lines)
+
+    def notes(self) -> list[str]:
+        """What a reader should know about skipped points: by how much, and what the model suggests."""
+        skipped = [p for p in self.points if p.status == "skipped"]
+        if not skipped:
+            return []
+        shorts = [p.short_by_gib for p in skipped if p.short_by_gib is not None]
+        by = f", short by {min(shorts):.1f} to {max(shorts):.1f} GiB" if shorts else ""
+        out = [f"{plural(len(skipped), 'point')} skipped as predicted to run out of memory{by}."]
+        hints = list(dict.fromkeys(p.suggestion for p in skipped if p.suggestion))
+        if hints:
+            out.append("The memory model suggests: " + "; ".join(hints) + ".")
+        out.append("Run them anyway with --run-predicted-oom (run_predicted_oom=True in the library).")
+        return out
+
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
 
-        records = [{str(k): v for k, v in row.items()} for row in self.to_frame().to_dict("records")]
-        table = hv.table(records, max_rows=30)
-        return hv.card(f"sweep of {self.notebook}", table + hv.p(f"index: {self.index}"))
+        body = hv.p(f"held fixed: {held_text(self.fixed)}") + hv.table(self.table_rows(), max_rows=30)
+        body += "".join(hv.p(n) for n in self.notes()) + hv.p(f"index: {self.index}")
+        bad = any(p.status == "failed" for p in self.points)
+        return hv.card(self.title, body, state="fail" if bad else "ok")
 
 
 def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -123,10 +184,14 @@ def run_sweep(
             where = " ".join(f"{k}={v}" for k, v in values.items())
             raise ConfigError(f"sweep point {where}: {exc.field}", exc.value, exc.allowed, detail=exc.detail) from None
     folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
+    swept = list(dict.fromkeys(k for c in combos for k in c))
+    fixed = _fixed(base, declared, swept)
+    base_text = _base_text(fixed, declared)
     results: list[SweepPoint] = []
     for values in combos:
         params = _point_parameters(base, values, declared)
-        point = SweepPoint(values, predicted=_predict(params, declared))
+        predicted, short, hint = _predict(params, declared)
+        point = SweepPoint(values, predicted=predicted, short_by_gib=short, suggestion=hint)
         results.append(point)
         if point.predicted.startswith("OOM") and not run_predicted_oom:
             point.status = "skipped"
@@ -136,9 +201,9 @@ def run_sweep(
         )
         point.status = "ok" if run.ok else "failed"
         point.run_dir, point.report, point.figures = str(run.run_dir), str(run.report), dict(run.figures)
-        _write(nb, folder, results)
-    index = _write(nb, folder, results)
-    return SweepResult(nb.stem, folder, index, results)
+        _write(nb, folder, results, fixed, base_text)
+    index = _write(nb, folder, results, fixed, base_text)
+    return SweepResult(nb.stem, folder, index, results, fixed, base_text)
 
 
 def _point_parameters(base: dict[str, Any], values: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,52 +216,164 @@ def _point_parameters(base: dict[str, Any], values: Mapping[str, Any], declared:
     return params
 
 
-def _predict(params: Mapping[str, Any], declared: Mapping[str, Any]) -> str:
-    """The memory model's verdict on the point's config, when the notebook launches a preset."""
+def _base_config(params: Mapping[str, Any], declared: Mapping[str, Any]) -> tuple[Any, str, str, str] | None:
+    """The point's config, its hardware and release, when the notebook launches a preset."""
     if "preset" not in declared:
-        return ""
-    from dsv4lab.memory import preflight
+        return None
     from dsv4lab.presets import preset
 
     def default(name: str, fallback: str) -> str:
         raw = params.get(name, declared[name].default if name in declared else fallback)
         return str(raw).strip("\"'")
 
+    name = default("preset", "config_a")
+    config = preset(name).with_values(parse_overrides(str(params.get("overrides", ""))))
+    return config, name, default("hardware", "rtx-pro-6000-x8"), default("sglang_version", "0.5.23")
+
+
+def _predict(params: Mapping[str, Any], declared: Mapping[str, Any]) -> tuple[str, float | None, str]:
+    """The memory model's verdict on the point's config (when the notebook launches a preset), the
+    shortfall, and for a point that does not fit the first change the model predicts to fit."""
+    from dsv4lab.memory import preflight, suggest
+
     try:
-        config = preset(default("preset", "config_a")).with_values(parse_overrides(str(params.get("overrides", ""))))
-        p = preflight(
-            config, default("hardware", "rtx-pro-6000-x8"), sglang_version=default("sglang_version", "0.5.23")
-        )
+        found = _base_config(params, declared)
+        if found is None:
+            return "", None, ""
+        config, _, hardware, release = found
+        p = preflight(config, hardware, sglang_version=release)
     except DSV4LabError as exc:
-        return f"invalid: {exc}"
-    return f"fits ({p.min_headroom_gib:.1f} GiB to spare)" if p.fits else f"OOM, short by {p.short_by_gib or 0:.1f} GiB"
+        return f"invalid: {exc}", None, ""
+    if p.fits:
+        return f"fits ({p.min_headroom_gib:.1f} GiB to spare)", None, ""
+    hint = ""
+    with contextlib.suppress(DSV4LabError):
+        options = suggest(config, hardware, sglang_version=release)
+        if options:
+            first = options[0]
+            change = " ".join(f"{k}={v}" for k, v in first.changes.items())
+            hint = f"{change} ({first.preflight.min_headroom_gib:.1f} GiB to spare)"
+    return f"OOM, short by {p.short_by_gib or 0:.1f} GiB", p.short_by_gib, hint
 
 
-def _write(nb: Path, folder: Path, points: Sequence[SweepPoint]) -> Path:
+def _fixed(base: Mapping[str, Any], declared: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """What every point shares: the notebook's defaults, overridden by the sweep's fixed parameters (config
+    fields it folds into overrides included); the swept keys and the run dir are not fixed."""
+    import ast
+
+    out: dict[str, Any] = {}
+    for name, p in declared.items():
+        if name in keys or name == "run_dir":
+            continue
+        try:
+            out[name] = ast.literal_eval(p.default)
+        except (ValueError, SyntaxError):
+            out[name] = p.default
+    out.update({k: v for k, v in base.items() if k not in keys})
+    return out
+
+
+def _base_text(fixed: Mapping[str, Any], declared: Mapping[str, Any]) -> str:
+    """``config_b with cuda_graph_max_bs=16``: the preset the points start from and the changes they share."""
+    if "preset" not in declared:
+        return ""
+    changes = [f"{k}={v}" for k, v in fixed.items() if k not in declared]
+    overrides = str(fixed.get("overrides", "") or "").strip()
+    if overrides:
+        changes.insert(0, overrides)
+    preset = str(fixed.get("preset", "config_a"))
+    return preset + (f" with {' '.join(changes)}" if changes else "")
+
+
+def held_text(fixed: Mapping[str, Any]) -> str:
+    """The fixed parameters in one line (empty values left out)."""
+    shown = [f"{k}={v}" for k, v in fixed.items() if v not in ("", None, [])]
+    return ", ".join(shown) or "nothing"
+
+
+#: Units of the figures notebooks record, by name ending (a figure a sweep shows must say its unit).
+_UNITS = (("_tok_s", "tok/s"), ("_gib", "GiB"), ("_ms", "ms"), ("_s", "s"), ("_share", "%"))
+
+
+def figure_header(name: str) -> str:
+    """A figure's column header with its unit: ``output_throughput_c16`` -> ``output tok/s at C=16``."""
+    if name.startswith("output_throughput_c"):
+        return f"output tok/s at C={name.rsplit('_c', 1)[1]}"
+    words = name.replace("_", " ")
+    for suffix, unit in _UNITS:
+        if name.endswith(suffix):
+            return f"{name[: -len(suffix)].replace('_', ' ')} ({unit})"
+    return words
+
+
+def figure_columns(points: Sequence[SweepPoint]) -> list[str]:
+    """The scalar figures any point recorded, in first-seen order (texts longer than a cell left out)."""
+    names: dict[str, None] = {}
+    for p in points:
+        for k, v in p.figures.items():
+            if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 40):
+                names.setdefault(k)
+    return list(names)
+
+
+def _cell(value: Any, name: str = "") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if name.endswith("_share"):
+            return f"{value:.0%}"
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[str, Any], base: str) -> Path:
     """``index.html`` (a table and a chart) and ``sweep.json`` for the points so far."""
     import jinja2
 
     from dsv4lab.plots import to_svg
 
-    result = SweepResult(nb.stem, folder, folder / "index.html", list(points))
+    result = SweepResult(nb.stem, folder, folder / "index.html", list(points), dict(fixed), base)
     frame = result.to_frame()
-    write_json_atomic(folder / "sweep.json", {"notebook": nb.stem, "points": frame.to_dict("records")})
+    write_json_atomic(
+        folder / "sweep.json",
+        {
+            "notebook": nb.stem,
+            "title": result.title,
+            "swept": result.keys,
+            "fixed": dict(fixed),
+            "base": base,
+            "points": frame.to_dict("records"),
+            "notes": result.notes(),
+        },
+    )
     chart_svg = ""
     metric = _metric(frame)
-    keys = list(points[0].parameters) if points else []
+    keys = result.keys
     if metric and keys:
-        chart_svg = to_svg(_chart(frame, keys, metric))
+        chart_svg = to_svg(_chart(frame, keys, metric, result.title))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")), autoescape=True)
+    cells = result.table_rows()
     rows: list[dict[str, Any]] = []
-    for p in points:
-        scalars = {k: v for k, v in p.figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for p, row in zip(points, cells, strict=True):
         report = str(Path(p.report).relative_to(folder)) if p.report else None
-        rows.append(
-            {"values": p.parameters, "predicted": p.predicted, "status": p.status, "report": report, "figures": scalars}
-        )
-    figure_names = sorted({k for p in points for k, v in p.figures.items() if isinstance(v, (int, float))})
+        rows.append({"cells": row, "status": p.status, "report": report})
+    clock = ""
+    if str(fixed.get("target", "")) == "twin":
+        with contextlib.suppress(TypeError, ValueError):
+            clock = Clock.twin(float(fixed.get("time_scale", 1.0)), str(fixed.get("hardware", "")) or None).note()
     page = env.get_template("sweep_index.html.j2").render(
-        notebook=nb.stem, keys=keys, rows=rows, figure_names=figure_names, chart_svg=chart_svg, metric=metric
+        title=result.title,
+        notebook=nb.stem,
+        held=held_text(fixed),
+        columns=list(cells[0]) if cells else [],
+        rows=rows,
+        chart_svg=chart_svg,
+        notes=result.notes(),
+        clock=clock,
     )
     from dsv4lab.atomicfile import write_text_atomic
     from dsv4lab.report import public_html
@@ -212,14 +389,14 @@ def _metric(frame: pd.DataFrame) -> str | None:
     return max(names, key=lambda c: int(str(c).rsplit("_c", 1)[1]))
 
 
-def _chart(frame: pd.DataFrame, keys: Sequence[str], metric: str) -> Any:
+def _chart(frame: pd.DataFrame, keys: Sequence[str], metric: str, title: str) -> Any:
     data = frame.copy()
     data["outcome"] = [
         "skipped: predicted OOM" if s == "skipped" else ("ran" if s == "ok" else "failed") for s in data["status"]
     ]
     data[metric] = pd.to_numeric(data.get(metric), errors="coerce").fillna(0.0)
     x = alt.X(f"{keys[0]}:O", title=keys[0])
-    encodings: dict[str, Any] = {"x": x, "y": alt.Y(f"{metric}:Q", title=f"{metric.replace('_', ' ')} (tok/s)")}
+    encodings: dict[str, Any] = {"x": x, "y": alt.Y(f"{metric}:Q", title=figure_header(metric))}
     if len(keys) > 1:
         encodings["xOffset"] = alt.XOffset(f"{keys[1]}:O", title=keys[1])
         encodings["color"] = alt.Color(f"{keys[1]}:O", title=keys[1])
@@ -234,7 +411,7 @@ def _chart(frame: pd.DataFrame, keys: Sequence[str], metric: str) -> Any:
         .encode(x=x, **({"xOffset": encodings["xOffset"]} if len(keys) > 1 else {}), y=encodings["y"], text="outcome:N")
     )
     return (chart + text).properties(
-        title={"text": f"Sweep of {', '.join(keys)}", "subtitle": "faded: not run (predicted OOM) or failed"},
+        title={"text": title, "subtitle": "faded: not run (predicted OOM) or failed"},
         width=520,
         height=260,
     )

@@ -32,6 +32,7 @@ from dsv4lab.hosts import Follower, KillReport, PortForward
 from dsv4lab.launch import ServerHandle
 from dsv4lab.logs import Diagnosis, LineKind, Outcome, classify_line, diagnose
 from dsv4lab.progress import Progress, State
+from dsv4lab.units import REAL, WALL_CLOCK, Clock, fmt_s
 
 __all__ = ["PhaseMark", "Readiness", "Verdict", "stop_soon", "wait_ready", "wait_ready_all"]
 
@@ -103,7 +104,13 @@ class PhaseMark:
 class Readiness:
     """The watcher's verdict, with the evidence behind it. ``elapsed_s`` and the timeline count from the
     launch when the watch began within :data:`LAUNCH_CLOCK_MAX_S` of it, else from the watch's start;
-    ``detected_after_s`` is always from the first sign (a fatal line, the process gone) to the verdict."""
+    ``detected_after_s`` is always from the first sign (a fatal line, the process gone) to the verdict.
+
+    ``elapsed_s`` and the timeline are what the watch measured on the server's clock (the twin clock on the
+    twin); :attr:`startup_s` and :meth:`phases` are the same on the reader's clock (the modelled
+    hardware), which is what every view shows. ``detected_after_s`` is the watcher's own reaction time,
+    wall-clock seconds on this machine: it is the same on the twin and on hardware.
+    """
 
     verdict: Verdict
     reason: str
@@ -114,32 +121,63 @@ class Readiness:
     detected_after_s: float | None
     last_phase: str | None
     diagnosis: Diagnosis | None = field(default=None, compare=False)
+    clock: Clock = field(default=REAL, compare=False)
+    #: When the server's first log line was read, on the watch's clock (``elapsed_s``'s).
+    first_line_s: float | None = field(default=None, compare=False)
 
     @property
     def ready(self) -> bool:
         return self.verdict is Verdict.READY
 
+    def _reading(self, t: float) -> float:
+        """A time on the watch's clock as the reader's. On the twin the count starts at the server's first log
+        line: before it the twin is a Python process importing its modules, seconds of wall time that model
+        nothing (scaled up they would read as minutes of startup the hardware never spent)."""
+        if not self.clock.is_twin:
+            return t
+        return self.clock.seconds(max(0.0, t - (self.first_line_s or 0.0)))
+
+    @property
+    def startup_s(self) -> float:
+        """Seconds from the launch (or the watch's start; on the twin, the server's first log line) to the
+        verdict, on the reader's clock."""
+        return self._reading(self.elapsed_s)
+
+    def phases(self) -> tuple[tuple[str, float], ...]:
+        """Each startup phase with the second it was reached, on the reader's clock."""
+        return tuple((m.phase, self._reading(m.t)) for m in self.timeline)
+
+    def headline(self) -> str:
+        """``READY after 145 s`` (on the reader's clock; the twin says it is modelled)."""
+        return f"{self.verdict.value} after {fmt_s(self.startup_s)}{self.clock.tag}"
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "verdict": self.verdict.value,
             "reason": self.reason,
             "exit_status": self.exit_status,
             "evidence": list(self.evidence),
-            "timeline": [{"phase": m.phase, "t": round(m.t, 3)} for m in self.timeline],
-            "elapsed_s": round(self.elapsed_s, 3),
+            "clock": self.clock.to_dict(),
+            "timeline": [{"phase": phase, "t": round(t, 3)} for phase, t in self.phases()],
+            "elapsed_s": round(self.startup_s, 3),
             "detected_after_s": None if self.detected_after_s is None else round(self.detected_after_s, 3),
             "last_phase": self.last_phase,
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
         }
+        if self.clock.is_twin:
+            out["elapsed_twin_clock_s"] = round(self.elapsed_s, 3)
+            out["timeline_twin_clock"] = [{"phase": m.phase, "t": round(m.t, 3)} for m in self.timeline]
+        return out
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
 
         state: hv.State = {"ok": "ok", "fail": "fail"}.get(VERDICT_STATE[self.verdict], "warn")  # type: ignore[assignment]
-        steps = " → ".join(f"{m.phase} ({m.t:.1f} s)" for m in self.timeline) or "no startup phase seen"
-        facts: list[tuple[str, object]] = [("why", self.reason), ("timeline", steps)]
+        steps = " → ".join(f"{phase} ({fmt_s(t)})" for phase, t in self.phases()) or "no startup phase seen"
+        timeline = "timeline (modelled hardware)" if self.clock.is_twin else "timeline"
+        facts: list[tuple[str, object]] = [("why", self.reason), (timeline, steps)]
         if self.detected_after_s is not None and self.verdict is Verdict.CRASHED:
-            facts.append(("detected", f"{self.detected_after_s:.2f} s after the first fatal sign"))
+            facts.append(("detected", f"{fmt_s(self.detected_after_s)} ({WALL_CLOCK}) after the first fatal sign"))
         if self.exit_status is not None:
             facts.append(("exit status", self.exit_status))
         body = hv.kv_table(facts)
@@ -147,9 +185,7 @@ class Readiness:
             body += hv.fold(list(self.evidence), keep=15, summary="earlier evidence lines")
         if self.diagnosis is not None and self.verdict is not Verdict.READY:
             body += self.diagnosis._repr_html_()
-        return hv.card(
-            "server readiness", body, state=state, status=f"{self.verdict.value} after {self.elapsed_s:.1f} s"
-        )
+        return hv.card("server readiness", body, state=state, status=self.headline())
 
 
 def _http_ok(url: str, timeout_s: float) -> bool:
@@ -241,7 +277,7 @@ def wait_ready(
         raise Interrupted("wait_ready stopped by the user", partial) from None
     finally:
         w.close()
-    bar.finish(f"{result.verdict.value} after {result.elapsed_s:.1f} s", VERDICT_STATE[result.verdict])
+    bar.finish(result.headline(), VERDICT_STATE[result.verdict])
     return result
 
 
@@ -274,6 +310,7 @@ class _Watch:
         self.forward: PortForward | None = None
         self.offset = 0
         self.count = 0  # lines read in all
+        self.first_line_t: float | None = None  # when the server's first log line was read (from the origin)
         self.bar: Progress | None = None
 
     def close(self) -> None:
@@ -292,6 +329,8 @@ class _Watch:
                 self.bar.update(phase)
 
     def add(self, text: str) -> LineKind:
+        if self.count == 0:
+            self.first_line_t = time.monotonic() - self.origin
         self.count += 1
         if len(self.head) < _HEAD_LINES:
             self.head.append(text)
@@ -337,6 +376,8 @@ class _Watch:
             None if detected_from is None else now - detected_from,
             self.last_phase,
             diag,
+            self.handle.clock,
+            self.first_line_t,
         )
 
     def connect(self, reconnect_max_s: float) -> None:

@@ -37,10 +37,16 @@ def test_the_story_in_a_few_lines(lab: Lab) -> None:
     runs = a.bench(concurrency="1,4", input_len=256, output_len=16)  # a papermill -p value works too
     frame = runs.to_frame()
     assert frame["concurrency"].tolist() == [1, 4]
-    # Twin throughputs are labelled: measured on the twin's clock, and converted to the modelled hardware.
-    assert (frame["clock"] == "twin (scaled)").all()
-    assert frame["output_throughput_modelled"].tolist() == pytest.approx((frame["output_throughput"] * 0.05).tolist())
-    assert "modelled hw" in runs._repr_html_()
+    # Twin figures are read on the modelled hardware; the twin's own clock only in columns that say so.
+    assert (frame["clock"] == "modelled hardware").all()
+    assert frame["output_throughput"].tolist() == pytest.approx((frame["output_throughput_twin_clock"] * 0.05).tolist())
+    assert frame["ttft_ms_median"].tolist() == pytest.approx((frame["ttft_ms_median_twin_clock"] / 0.05).tolist())
+    html = runs._repr_html_()
+    assert "output tok/s (twin clock)" in html and "modelled hardware" in html
+    assert a.readiness is not None and a.readiness.startup_s == pytest.approx(a.readiness.elapsed_s / 0.05)
+    headline = a.readiness.headline()
+    assert headline.startswith("READY after ") and headline.endswith(" s (modelled)")
+    assert headline in a.readiness._repr_html_()
     assert len(a.runs) == 2 and isinstance(a.runs.to_frame(), pd.DataFrame)
     assert {"READY", "CRASHED"} == set(lab.ps()["state"])
 

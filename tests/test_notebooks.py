@@ -19,6 +19,7 @@ import pytest
 from dsv4lab.errors import ConfigError
 from dsv4lab.nbrun import NOTEBOOK_DIR, check_parameters, find_notebook, list_notebooks, notebook_parameters
 from tests.browser import launch_chromium
+from tests.figures import problems, read_page
 
 #: The campaigns take the host's campaign lock and the module's campaign fixture must run once: `make test`
 #: gives each file to one pytest-xdist worker (--dist loadfile), and this one is scheduled first.
@@ -247,6 +248,48 @@ def test_every_report_opens_offline_with_its_charts(campaign: Campaign, tmp_path
             assert all(natural > 0 and shown > 100 for natural, shown in charts), (page_path, charts)
 
 
+def _twin_clock_values(run_dirs: list[Path]) -> frozenset[str]:
+    """Throughputs and latencies as the twin measured them, printed as a page would print them: a page that
+    shows one outside a "twin clock" column shows the twin's clock as if it were the hardware's."""
+    from dsv4lab.bench.store import ResultStore
+
+    values = set()
+    for d in run_dirs:
+        for store in d.glob("*/bench"):
+            for r in ResultStore(store).load():
+                s = r.summary
+                values |= {f"{v:,.1f}" for v in (s.output_throughput, s.ttft_ms.median) if v == v and v >= 100}
+    return frozenset(values)
+
+
+def test_every_figure_says_its_unit_and_its_clock(campaign: Campaign) -> None:
+    """Reports and the index read on the modelled hardware: no twin-clock figure outside a column that says
+    so, no number without its unit, every time axis on the modelled clock, nothing above the roofline."""
+    from dsv4lab.roofline import decode_roofline
+
+    roofline = max(decode_roofline("rtx-pro-6000-x8", concurrency=c).tok_s for c in (1, 16))
+    twin = _twin_clock_values(list(campaign.steps.values()))
+    assert len(twin) >= 4  # the check has something to find
+    found = []
+    for page in [campaign.index, *(d / "report.html" for d in campaign.steps.values())]:
+        found += problems(
+            read_page(page.read_text(), page.parent.name), twin=True, max_tok_s=roofline, twin_values=twin
+        )
+    assert found == []
+
+
+def test_the_index_leads_with_one_headline_per_config(campaign: Campaign) -> None:
+    html = campaign.index.read_text()
+    page = read_page(html)
+    heads = next(t for t in page.tables if t.headers[:3] == ["config", "concurrency", "headline"])
+    keys = [(r[0], r[1]) for r in heads.rows]
+    assert len(keys) == len(set(keys))  # one row, so one headline, per config and concurrency
+    a16 = next(r for r in heads.rows if r[:2] == ["config-a", "16"])
+    assert "mean of 3 runs" in a16[3] and "A/B" in a16[3] and "8,000 in / 256 out" in a16[3]
+    assert "benchmark, step a" in a16[4] and "lever A/B against untuned-fp8, step a" in a16[4]
+    assert "profile step, step kernels" in a16[4]
+
+
 def test_a_rerun_resumes_instead_of_redoing(campaign: Campaign) -> None:
     out = _cli(
         ["campaign", "--reports", "reports", "-p", "time_scale", TEST_SCALE], env=campaign.env, cwd=campaign.workdir
@@ -292,6 +335,16 @@ def test_a_sweep_runs_the_grid_and_skips_what_the_model_says_cannot_fit(tmp_path
     assert by_cap[64]["status"] == "skipped" and by_cap[64]["predicted"].startswith("OOM")
     html = index.read_text()
     assert "<svg" in html and "skipped" in html and "report.html" in html
+    # The sweep says what it held fixed and over what base, with units, in the index, sweep.json and terminal.
+    sweep = json.loads((index.parent / "sweep.json").read_text())
+    assert sweep["swept"] == ["cuda_graph_max_bs"] and sweep["fixed"]["mem_fraction_static"] == 0.9
+    assert sweep["fixed"]["concurrency"] == [1] and sweep["fixed"]["preset"] == "config_b"
+    assert sweep["title"] == "Sweep of cuda_graph_max_bs over config_b with mem_fraction_static=0.9"
+    assert sweep["title"] in html and "mem_fraction_static=0.9" in html and "output tok/s at C=1" in html
+    assert "predicted fits" in html and ">yes<" in html  # a boolean figure is a filled column
+    assert problems(read_page(html, "sweep index"), twin=True) == []
+    assert "short by" in " ".join(sweep["notes"]) and "--run-predicted-oom" in html
+    assert sweep["title"] in out.stdout and "output tok/s at C=1" in out.stdout  # the terminal shows the table
 
 
 def test_the_campaign_runs_against_a_host_over_ssh(sshd: Any, tmp_path: Path) -> None:
@@ -333,6 +386,10 @@ def test_sweep_points_from_a_toml_file(tmp_path: Path) -> None:
     sweep = json.loads((Path(out.stdout.strip().splitlines()[-1]).parent / "sweep.json").read_text())
     assert [p["status"] for p in sweep["points"]] == ["skipped", "skipped"]
     assert all(p["predicted"].startswith("OOM") for p in sweep["points"])
+    # Skipped points say by how much and what would fit instead (the model's first suggestion).
+    notes = " ".join(sweep["notes"])
+    assert "2 points skipped as predicted to run out of memory, short by" in notes
+    assert "The memory model suggests:" in notes and "cuda_graph_max_bs=" in notes
     bad = tmp_path / "bad.toml"
     bad.write_text("[[point]]\nmem_fractio = 0.9\n")
     out = _cli(["sweep", "04_config_b_fixed", "--points", str(bad), "--reports", str(tmp_path)], timeout=120)

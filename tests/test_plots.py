@@ -25,6 +25,7 @@ from dsv4lab.kernels import kernel_breakdown
 from dsv4lab.memory import preflight
 from dsv4lab.presets import config_a, config_b, config_b_fixed
 from dsv4lab.roofline import decode_roofline
+from dsv4lab.units import Clock
 
 DATA = Path(__file__).parent / "data" / "logs"
 UTC = dt.timezone.utc
@@ -134,7 +135,9 @@ def _oom(duration: float = 30.0) -> OomPoint:
     return OomPoint(T0 + pd.Timedelta(seconds=duration * 2 / 3), 1, 4.48, 0.15, 95.59, "CUDA graph capture", 1)
 
 
-def _result(label: str, concurrency: int, tok_s: float, repeat: int = 0, n: int = 16) -> BenchResult:
+def _result(
+    label: str, concurrency: int, tok_s: float, repeat: int = 0, n: int = 16, time_scale: float | None = None
+) -> BenchResult:
     rng = np.random.default_rng(hash((label, concurrency, repeat)) % 2**32)
     records = []
     for i in range(n):
@@ -161,7 +164,12 @@ def _result(label: str, concurrency: int, tok_s: float, repeat: int = 0, n: int 
     return BenchResult(
         summary,
         records_frame(records),
-        Provenance(url="http://127.0.0.1:30000", backend="dsv4lab", api="completions"),
+        Provenance(
+            url="http://127.0.0.1:30000",
+            backend="dsv4lab",
+            api="completions",
+            server_info={"twin": {"time_scale": time_scale}} if time_scale else {},
+        ),
         concurrency=concurrency,
         repeat=repeat,
         label=label,
@@ -257,18 +265,22 @@ def test_memory_budget_side_by_side_predicted_and_observed() -> None:
 # -- benchmarks -------------------------------------------------------------------------------------------------------
 
 
-def _ab() -> tuple[list[BenchResult], list[BenchResult]]:
-    a = [_result("Config A", c, 4.5 if c == 1 else 23.0, rep) for c in (1, 16) for rep in range(3)]
-    b = [_result("Config B-fixed", c, 6.6 if c == 1 else 23.0, rep) for c in (1, 16) for rep in range(3)]
+def _ab(time_scale: float | None = None) -> tuple[list[BenchResult], list[BenchResult]]:
+    a = [
+        _result("Config A", c, 4.5 if c == 1 else 23.0, rep, time_scale=time_scale) for c in (1, 16) for rep in range(3)
+    ]
+    b = [
+        _result("Config B-fixed", c, 6.6 if c == 1 else 23.0, rep, time_scale=time_scale)
+        for c in (1, 16)
+        for rep in range(3)
+    ]
     return a, b
 
 
 def test_throughput_vs_concurrency_shows_both_configs_with_intervals_and_verdicts() -> None:
-    a, b = _ab()
+    a, b = _ab(time_scale=0.05)
     comparison = compare(a, b)
-    chart = plots.throughput_vs_concurrency(
-        comparison, labels=("Config A", "Config B-fixed"), scale=0.05, units=plots.MODELLED
-    )
+    chart = plots.throughput_vs_concurrency(comparison)
     spec, _ = _check(chart)
     assert any(t.startswith("Config B-fixed vs Config A: ") for t in _titles(spec))
     assert plots.MODELLED in _axis_titles(spec) and "concurrency (requests in flight)" in _axis_titles(spec)
@@ -277,7 +289,12 @@ def test_throughput_vs_concurrency_shows_both_configs_with_intervals_and_verdict
     for r in rows:
         assert r["low"] <= r["mean"] <= r["high"]
     lv1 = comparison.at(1)
-    assert any(r["mean"] == pytest.approx(lv1.mean_a * 0.05) for r in rows)
+    # The comparison is on the modelled hardware already: the twin's measurement x its time scale.
+    twin_mean = sum(r.summary.output_throughput for r in a if r.concurrency == 1) / 3
+    assert lv1.mean_a == pytest.approx(twin_mean * 0.05)
+    assert any(r["mean"] == pytest.approx(lv1.mean_a) for r in rows)
+    real = plots.throughput_vs_concurrency(compare(*_ab()))
+    assert plots.MEASURED in _axis_titles(_spec(real))
     texts = _texts(spec)
     assert lv1.verdict in texts and any(t.startswith(f"{lv1.rel_diff:+.0%} (95% CI") for t in texts)
 
@@ -312,10 +329,10 @@ def test_request_timeline_thins_a_huge_run() -> None:
 def test_roofline_gap_puts_measured_bound_and_goal_on_one_log_axis() -> None:
     bounds = [decode_roofline("rtx-pro-6000-x8", concurrency=c) for c in (1, 16)]
     spec, _ = _check(plots.roofline_gap({"Config A, C=16": 23.0, "Config B-fixed, C=1": 6.6}, bounds))
-    assert any(
-        t.startswith("Best measured throughput, 23.0 tok/s, is 43x below the 1,000 tok/s goal") for t in _titles(spec)
-    )
-    assert any(t.endswith("(log scale)") for t in _axis_titles(spec))
+    assert any(t.startswith("Config A, C=16: 23.0 tok/s, 43x below the 1,000 tok/s goal") for t in _titles(spec))
+    assert "output throughput (tok/s) (log scale)" in _axis_titles(spec)
+    twin = _spec(plots.roofline_gap({"Config A, C=16": 23.0}, bounds, clock=Clock.twin(0.02)))
+    assert "output throughput (tok/s, modelled hardware) (log scale)" in _axis_titles(twin)
     assert "goal 1,000 tok/s" in _texts(spec)
     scales = [d.get("scale", {}).get("type") for d in _walk(spec) if isinstance(d.get("scale"), dict)]
     assert "log" in scales

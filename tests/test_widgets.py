@@ -32,6 +32,7 @@ from dsv4lab.widgets import experiment as ex
 from dsv4lab.widgets.actions import Jobs, ResultsPane
 from dsv4lab.widgets.controls import UNSET
 from dsv4lab.widgets.logpane import LogPane
+from tests.figures import problems, read_page
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB_NOTEBOOK = ROOT / "notebooks" / "lab.ipynb"
@@ -246,6 +247,10 @@ def test_launch_watch_bench_diagnose_stop_on_the_twin(twin_lab: Lab) -> None:
     assert any(t.startswith("benchmark runs: C=1") and "C=2" in t for t in p.results.texts), p.results.texts
     assert any("<svg" in h for h in p.results.htmls)  # the chart after the table
     assert len(p.server.runs) == 2
+    # Every figure the panel shows says its unit, and on the twin it is the modelled hardware's.
+    twin_values = frozenset(f"{r.summary.output_throughput:,.1f}" for r in p.server.runs)
+    for i, markup in enumerate(p.results.htmls):
+        assert problems(read_page(markup, f"panel output {i}"), twin=True, twin_values=twin_values) == []
 
     p.buttons["diagnose"].click()
     assert p.wait_idle(60)

@@ -31,11 +31,12 @@ from typing import Any
 from dsv4lab.bench.cliargs import build_parser, client_options, levels, load_spec, slo, workload_factory
 from dsv4lab.bench.httpstream import Endpoint
 from dsv4lab.bench.results import BenchResult, BenchRuns
-from dsv4lab.bench.runner import control_headers, run_sync, sweep_async
+from dsv4lab.bench.runner import control_headers, first_error, run_sync, sweep_async
 from dsv4lab.bench.serverinfo import wait_until_ready
 from dsv4lab.bench.sglang_format import append_jsonl, bench_serving_record, serving_block
 from dsv4lab.errors import BenchError, ConfigError, DSV4LabError, Interrupted, exit_code_for
 from dsv4lab.hosts import Host, PortForward
+from dsv4lab.units import TWIN_CLOCK, fmt_ms, fmt_tok_s
 
 __all__ = ["Target", "bench_main", "build_parser", "resolve_target"]
 
@@ -108,9 +109,11 @@ def _table(results: Sequence[BenchResult]) -> str:
     )
     lines = [head]
     for r in results:
-        s = r.summary
+        s = r.on_hardware
         conc = "inf" if r.concurrency is None else str(r.concurrency)
         note = f"PARTIAL: {r.abort_reason}" if r.partial else ""
+        if not r.partial and s.completed == 0:
+            note = f"FAILED: no request completed ({first_error(r)})"
         lines.append(
             f"{conc:>5} {s.completed:>5} {s.failed + s.incomplete + s.not_sent:>5} {s.request_throughput:>8.3f} "
             f"{s.output_throughput:>10.1f} {s.ttft_ms.median:>9.1f} {s.ttft_ms.p99:>9.1f} {s.tpot_ms.median:>9.2f} "
@@ -121,6 +124,8 @@ def _table(results: Sequence[BenchResult]) -> str:
     lines.append("latencies in ms; fail = failed + incomplete + not sent")
     if results:
         first = results[0]
+        if first.clock.is_twin:
+            lines.append(first.clock.note())
         lines.append(f"TTFT clock {first.ttft_clock}: starts {first.definitions['clock']}")
         if first.ttft_clock == "send":
             lines.append("(--ttft-clock connect starts it before encoding and connecting, as SGLang's bench_serving)")
@@ -134,6 +139,14 @@ def _print(results: Sequence[BenchResult], fmt: str) -> None:
             print(json.dumps(r.row(), allow_nan=False), flush=True)
     elif fmt == "sglang":
         for r in results:
+            if r.clock.is_twin:  # bench_serving's block is a measurement on the server's clock: say whose
+                print(
+                    f"(dsv4lab: twin at time scale {r.clock.time_scale:g}; the block below is on the {TWIN_CLOCK}, as "
+                    f"bench_serving would measure it; modelled hardware: "
+                    f"{fmt_tok_s(r.on_hardware.output_throughput)} output, TTFT median "
+                    f"{fmt_ms(r.on_hardware.ttft_ms.median)})",
+                    flush=True,
+                )
             print(serving_block(r), flush=True)
     else:
         print(_table(results))

@@ -22,6 +22,7 @@ import pandas as pd
 
 from dsv4lab import __version__
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
+from dsv4lab.units import TWIN_CLOCK, Clock, fmt_ms, fmt_s, fmt_tok_s, plural
 
 __all__ = ["BenchResult", "BenchRuns", "Provenance", "client_version", "records_frame", "to_jsonable"]
 
@@ -43,6 +44,10 @@ REQUEST_COLUMNS = (
     "http_status",
     "error",
 )
+
+
+#: The latency distributions every flat view shows, in ms.
+_LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
 
 
 def client_version() -> str:
@@ -202,25 +207,42 @@ class BenchResult:
     def time_scale(self) -> float | None:
         """The twin's time scale when the server was the twin (durations there are scale x the modelled
         hardware's, so measured tok/s x scale is the modelled hardware's); None for a real server."""
-        twin = self.provenance.server_info.get("twin")
-        if isinstance(twin, Mapping):
-            value = twin.get("time_scale")
-            if isinstance(value, (int, float)) and value > 0:
-                return float(value)
-        return None
+        return self.clock.time_scale
+
+    @property
+    def workload_text(self) -> str:
+        """The workload in a reader's words (``"8,000 in / 256 out tokens per request"``), empty when the
+        provenance does not say: a throughput means little without it."""
+        w = self.provenance.workload
+        if not w or w.get("mean_prompt_len") is None or w.get("mean_output_len") is None:
+            return ""
+        return f"{w['mean_prompt_len']:,.0f} in / {w['mean_output_len']:,.0f} out tokens per request"
+
+    @property
+    def clock(self) -> Clock:
+        """How this run's measurements are read (see :mod:`dsv4lab.units`)."""
+        return Clock.from_server_info(self.provenance.server_info)
+
+    @property
+    def on_hardware(self) -> Summary:
+        """The summary a person reads: on the twin, converted to the modelled hardware; on a real server,
+        :attr:`summary` itself. ``summary`` stays what the client measured (the twin clock on the twin)."""
+        return self.clock.summary(self.summary)
 
     def to_frame(self) -> pd.DataFrame:
         """One row of flat columns (the metrics a table or a chart wants), for ``pd.concat`` and plots.
 
-        On the twin, ``*_modelled`` columns beside the measured ones give the modelled hardware's figures
-        (throughputs x time scale, latencies / time scale) and ``clock`` says which is which.
+        Every figure is on the reader's clock (:attr:`on_hardware`: the modelled hardware on the twin); on the
+        twin, ``*_twin_clock`` columns beside them hold what the client measured on the twin's clock, and
+        ``clock`` says which is which.
         """
         frame: pd.DataFrame = pd.DataFrame([self.flat()])
         return frame
 
-    def _headline(self) -> dict[str, Any]:
-        """The counts and throughputs every flat view of a run leads with (the frame, the CLI's JSON)."""
-        s = self.summary
+    def _headline(self, s: Summary | None = None) -> dict[str, Any]:
+        """The counts and throughputs every flat view of a run leads with (the frame, the CLI's JSON), on
+        the reader's clock unless ``s`` says otherwise."""
+        s = self.on_hardware if s is None else s
         return {
             "completed": s.completed,
             "failed": s.failed,
@@ -237,7 +259,7 @@ class BenchResult:
 
     def flat(self) -> dict[str, Any]:
         """The row of :meth:`to_frame` as a dict."""
-        s = self.summary
+        s = self.on_hardware
         row: dict[str, Any] = {
             "label": self.label,
             "concurrency": self.concurrency,
@@ -245,24 +267,25 @@ class BenchResult:
             "repeat": self.repeat,
             "partial": self.partial,
             "interrupted": self.interrupted,
-            **self._headline(),
+            **self._headline(s),
         }
-        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
+        for name in _LATENCIES:
             d: Distribution = getattr(s, name)
             for stat in ("mean", "median", "p90", "p99"):
                 row[f"{name}_{stat}"] = getattr(d, stat)
         row["accept_length"] = s.accept_length
         row["ttft_clock"] = self.ttft_clock
         row["itl_unit"] = self.itl_unit
-        scale = self.time_scale
-        row["clock"] = "twin (scaled)" if scale is not None else "real"
-        row["time_scale"] = scale
-        if scale is not None:
-            for name in ("request_throughput", "output_throughput", "peak_output_throughput"):
-                row[f"{name}_modelled"] = row[name] * scale
-            for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        clock = self.clock
+        row["clock"] = clock.reading
+        row["time_scale"] = clock.time_scale
+        if clock.is_twin:
+            raw = self.summary
+            for name in ("duration_s", "request_throughput", "output_throughput", "peak_output_throughput"):
+                row[f"{name}_twin_clock"] = getattr(raw, name)
+            for name in _LATENCIES:
                 for stat in ("mean", "median", "p90", "p99"):
-                    row[f"{name}_{stat}_modelled"] = row[f"{name}_{stat}"] / scale
+                    row[f"{name}_{stat}_twin_clock"] = getattr(getattr(raw, name), stat)
         row.update(
             engine=self.provenance.engine,
             engine_version=self.provenance.engine_version,
@@ -276,8 +299,9 @@ class BenchResult:
     # -- views ------------------------------------------------------------------------------------------
 
     def row(self) -> dict[str, Any]:
-        """The compact per-run object the CLI prints with ``--json`` (one JSON line per concurrency)."""
-        s = self.summary
+        """The compact per-run object the CLI prints with ``--json`` (one JSON line per concurrency), on the
+        reader's clock; on the twin ``twin_clock`` holds the same figures as measured on the twin."""
+        s = self.on_hardware
 
         def dist(d: Distribution) -> dict[str, Any]:
             return {k: v for k, v in d.to_dict().items() if k in ("mean", "median", "std", "p90", "p99", "count")}
@@ -305,8 +329,17 @@ class BenchResult:
                 "engine": self.provenance.engine,
                 "engine_version": self.provenance.engine_version,
                 "backend": self.provenance.backend,
+                "clock": self.clock.to_dict(),
             }
         )
+        if self.clock.is_twin:
+            raw = self.summary
+            row["twin_clock"] = to_jsonable(
+                {
+                    **self._headline(raw),
+                    **{name: dist(getattr(raw, name)) for name in _LATENCIES},
+                }
+            )
         return row
 
     def to_dict(self) -> dict[str, Any]:
@@ -355,12 +388,12 @@ class BenchResult:
         )
 
     def __repr__(self) -> str:
-        s = self.summary
+        s = self.on_hardware
         flag = " PARTIAL" if self.partial else ""
         return (
             f"BenchResult({self.label or self.provenance.url} c={self.concurrency}{flag}: {s.completed}/{s.total} ok, "
-            f"{s.output_throughput:.1f} out tok/s, TTFT median {s.ttft_ms.median:.1f} ms, "
-            f"TPOT median {s.tpot_ms.median:.2f} ms)"
+            f"{fmt_tok_s(s.output_throughput)} output{self.clock.tag}, TTFT median {fmt_ms(s.ttft_ms.median)}, "
+            f"TPOT median {fmt_ms(s.tpot_ms.median)})"
         )
 
     def _repr_html_(self) -> str:
@@ -370,8 +403,7 @@ class BenchResult:
 def _result_html(r: BenchResult) -> str:
     from dsv4lab import htmlview as hv
 
-    s, p = r.summary, r.provenance
-    scale = r.time_scale
+    s, p, clock = r.on_hardware, r.provenance, r.clock
     where = f"{p.engine} {p.engine_version or ''}".strip()
     c = r.concurrency if r.concurrency is not None else "unlimited"
     rate = "" if math.isinf(r.request_rate) else f", {r.request_rate:g} req/s"
@@ -386,47 +418,44 @@ def _result_html(r: BenchResult) -> str:
         )
     tput: list[tuple[str, object]] = [
         ("requests", f"{s.completed} ok, {s.failed} failed, {s.incomplete} incomplete, {s.not_sent} not sent"),
-        ("duration", f"{hv.fmt(s.duration_s)} s"),
+        ("duration", fmt_s(s.duration_s)),
+        ("output throughput", fmt_tok_s(s.output_throughput)),
     ]
-    if scale is not None:
-        tput += [
-            ("output tok/s, modelled hardware", hv.fmt(s.output_throughput * scale)),
-            (f"output tok/s, measured on the twin (time scale {scale:g})", hv.fmt(s.output_throughput)),
-        ]
-    else:
-        tput.append(("output tok/s", hv.fmt(s.output_throughput)))
-    tput += [("request/s", hv.fmt(s.request_throughput, 3)), ("input tok/s", hv.fmt(s.input_throughput))]
+    if clock.is_twin:
+        tput.append((f"output throughput ({TWIN_CLOCK})", fmt_tok_s(r.summary.output_throughput)))
+    tput += [
+        ("request throughput", f"{hv.fmt(s.request_throughput, 3)} req/s"),
+        ("input throughput", fmt_tok_s(s.input_throughput)),
+    ]
     if s.accept_length is not None:
-        tput.append(("speculative accept length", hv.fmt(s.accept_length)))
+        tput.append(("speculative accept length", f"{hv.fmt(s.accept_length)} tokens per step"))
     if s.goodput is not None:
-        tput.append(("goodput req/s", hv.fmt(s.goodput, 3)))
-    rows = []
-    for name, d in (
-        ("TTFT", s.ttft_ms),
-        ("TPOT", s.tpot_ms),
-        ("ITL", s.itl_ms),
-        ("E2E", s.e2e_ms),
-        ("queue", s.queue_ms),
-    ):
-        row: dict[str, object] = {
-            "ms": name,
+        tput.append(("goodput", f"{hv.fmt(s.goodput, 3)} req/s"))
+    rows = [
+        {
+            "latency (ms)": name,
             "mean": d.mean,
             "median": d.median,
             "p90": d.p90,
             "p99": d.p99,
-            "n": d.count,
+            "samples": d.count,
         }
-        rows.append(row)
-    note = (
-        hv.p("Latencies in ms as measured (twin clock); divide by the time scale for the modelled hardware.")
-        if scale
-        else ""
+        for name, d in (
+            ("TTFT", s.ttft_ms),
+            ("TPOT", s.tpot_ms),
+            ("ITL", s.itl_ms),
+            ("E2E", s.e2e_ms),
+            ("queue", s.queue_ms),
+        )
+    ]
+    note = hv.p(clock.note()) if clock.is_twin else ""
+    state: hv.State = "fail" if r.partial or s.completed == 0 else "ok"
+    status = (
+        "PARTIAL" if r.partial else fmt_tok_s(s.output_throughput) if s.completed else "FAILED: no request completed"
     )
-    state: hv.State = "fail" if r.partial else "ok"
-    status = "PARTIAL" if r.partial else f"{s.output_throughput * (scale or 1):,.1f} tok/s"
     return hv.card(
         f"benchmark {r.label}".strip(),
-        head + warn + hv.kv_table(tput) + hv.table(rows) + note,
+        head + warn + hv.kv_table(tput) + hv.table(rows, digits=1) + note,
         state=state,
         status=status,
     )
@@ -467,27 +496,36 @@ class BenchRuns(Sequence[BenchResult]):
 
         if not self._runs:
             return hv.card("benchmark runs", hv.p("no runs"), state="info")
-        scale = self._runs[0].time_scale
+        clock = self._runs[0].clock
         rows = []
         for r in self._runs:
-            s = r.summary
+            s = r.on_hardware
             row: dict[str, object] = {"label": r.label, "concurrency": r.concurrency, "repeat": r.repeat}
-            if scale is not None:
-                row["output tok/s (modelled hw)"] = s.output_throughput * scale
-                row["output tok/s (twin clock)"] = s.output_throughput
-            else:
-                row["output tok/s"] = s.output_throughput
+            row["output tok/s"] = s.output_throughput
+            if clock.is_twin:
+                row[f"output tok/s ({TWIN_CLOCK})"] = r.summary.output_throughput
             row.update(
                 {
-                    "TTFT median ms": s.ttft_ms.median,
-                    "TPOT median ms": s.tpot_ms.median,
-                    "ok": f"{s.completed}/{s.total}",
-                    "status": "PARTIAL: " + (r.abort_reason or "") if r.partial else "ok",
+                    "TTFT median (ms)": s.ttft_ms.median,
+                    "TPOT median (ms)": s.tpot_ms.median,
+                    "requests ok": f"{s.completed}/{s.total}",
+                    "status": _run_status(r),
                 }
             )
             rows.append(row)
-        note = (
-            hv.p(f"Twin run at time scale {scale:g}: modelled-hardware tok/s = measured x {scale:g}.") if scale else ""
-        )
-        state: hv.State = "fail" if self.partial else "ok"
-        return hv.card(f"{len(self)} benchmark runs", hv.table(rows) + note, state=state)
+        note = hv.p(clock.note()) if clock.is_twin else ""
+        state: hv.State = "fail" if self.partial or any(r.summary.completed == 0 for r in self._runs) else "ok"
+        return hv.card(plural(len(self), "benchmark run"), hv.table(rows, digits=1) + note, state=state)
+
+
+def _run_status(r: BenchResult) -> str:
+    """One word or phrase for a run's outcome, as every table shows it."""
+    if r.interrupted:
+        return "stopped: " + (r.abort_reason or "by the user")
+    if r.partial:
+        return "PARTIAL: " + (r.abort_reason or "")
+    if r.summary.completed == 0:
+        return "FAILED: no request completed"
+    if r.summary.failed or r.summary.incomplete:
+        return f"ok, {r.summary.failed + r.summary.incomplete} failed"
+    return "ok"

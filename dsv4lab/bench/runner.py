@@ -48,6 +48,7 @@ from dsv4lab.blocking import run_blocking
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.hosts import Host
 from dsv4lab.progress import Progress
+from dsv4lab.units import fmt_tok_s, plural
 
 __all__ = [
     "DEATH_ERRORS",
@@ -381,13 +382,25 @@ def _payloads(
 
 
 def _finish(reporter: Progress, result: BenchResult) -> None:
-    s = result.summary
+    s = result.on_hardware
+    counts = f"{s.completed}/{s.total} requests ok"
     if result.partial:
-        reporter.finish(f"PARTIAL: {result.abort_reason}", "fail", detail=f"{s.completed}/{s.total} requests ok")
+        reporter.finish(f"PARTIAL: {result.abort_reason}", "fail", detail=counts)
+    elif s.completed == 0:
+        reporter.finish(f"FAILED: no request completed ({first_error(result)})", "fail", detail=counts)
     else:
-        reporter.finish(
-            f"done: {s.output_throughput:,.1f} output tok/s", "ok", detail=f"{s.completed}/{s.total} requests ok"
-        )
+        reporter.finish(f"done: {fmt_tok_s(s.output_throughput)} output{result.clock.tag}", "ok", detail=counts)
+
+
+def first_error(result: BenchResult) -> str:
+    """The first failed request's error, as the server or the connection gave it (the reason a run that
+    completed nothing failed)."""
+    frame = result.requests
+    if "error" in frame and len(frame):
+        errors = [str(e) for e in frame["error"] if isinstance(e, str) and e]
+        if errors:
+            return errors[0][:300]
+    return "no error recorded"
 
 
 def _accept_length(info: Mapping[str, Any]) -> float | None:
@@ -472,9 +485,17 @@ async def _sweep_into(
 def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:
     if runs and runs[-1].partial:
         _finish(reporter, runs[-1])
-    else:
-        best = max((x.summary.output_throughput for x in runs), default=0.0)
-        reporter.finish(f"done: {len(runs)} runs, best {best:,.1f} output tok/s", "ok")
+        return
+    done = [x for x in runs if x.summary.completed]
+    if runs and not done:
+        reporter.finish(f"FAILED: no request completed in {plural(len(runs), 'run')} ({first_error(runs[0])})", "fail")
+        return
+    best = max(done, key=lambda x: x.on_hardware.output_throughput, default=None)
+    text = f"done: {plural(len(runs), 'run')}"
+    if best is not None:
+        c = "unlimited" if best.concurrency is None else best.concurrency
+        text += f", best {fmt_tok_s(best.on_hardware.output_throughput)} output at concurrency {c}{best.clock.tag}"
+    reporter.finish(text, "ok" if len(done) == len(runs) else "warn")
 
 
 def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "benchmark", progress: Progress | None = None) -> T:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from dsv4lab.bench.results import BenchResult
 from dsv4lab.errors import BenchError
+from dsv4lab.units import Clock
 
 __all__ = ["ABComparison", "ABLevel", "Verdict", "compare", "metric_value", "t_quantile", "verdict_for", "welch"]
 
@@ -155,9 +156,10 @@ def verdict_for(ci_low: float, ci_high: float, *, higher_is_better: bool) -> Ver
 
 
 def metric_value(result: BenchResult, metric: str) -> float:
-    """``"output_throughput"`` or a distribution statistic such as ``"ttft_ms.median"`` of one result."""
+    """``"output_throughput"`` or a distribution statistic such as ``"ttft_ms.median"`` of one result, on the
+    reader's clock (the modelled hardware on the twin: :attr:`BenchResult.on_hardware`)."""
     name, _, stat = metric.partition(".")
-    value: Any = getattr(result.summary, name, None)
+    value: Any = getattr(result.on_hardware, name, None)
     if value is None:
         raise BenchError(f"unknown metric {metric!r}")
     if stat:
@@ -216,7 +218,8 @@ class ABComparison:
     levels: tuple[ABLevel, ...]
     label_a: str = "A"
     label_b: str = "B"
-    #: The twin's time scale when both arms ran on the twin (means x scale = modelled hardware tok/s).
+    #: The twin's time scale when both arms ran on the twin. The means are already on the modelled hardware
+    #: (:func:`metric_value` reads each run on the reader's clock); this only says the page is a twin's.
     time_scale: float | None = None
     #: The workload both arms ran ("8,000 in / 64 out tokens per request"), empty when they differ: a
     #: throughput means little without it (the same server does 15 tok/s on short outputs, 20 on long).
@@ -262,13 +265,12 @@ class ABComparison:
         from dsv4lab import htmlview as hv
 
         states: dict[str, hv.State] = {"better": "ok", "worse": "fail", "no detectable difference": "info"}
-        scale = self.time_scale if self.metric.endswith("throughput") else None
-        unit = " (modelled hw)" if scale else ""
+        unit = metric_unit(self.metric)
         rows = [
             {
                 "concurrency": lv.concurrency,
-                f"{self.label_a} mean{unit}": lv.mean_a * (scale or 1),
-                f"{self.label_b} mean{unit}": lv.mean_b * (scale or 1),
+                f"{self.label_a} mean ({unit})": lv.mean_a,
+                f"{self.label_b} mean ({unit})": lv.mean_b,
                 "B − A": f"{lv.rel_diff:+.1%}",
                 "95% CI": f"{lv.rel_ci[0]:+.1%} … {lv.rel_ci[1]:+.1%}",
                 "repeats": f"{lv.n_a}/{lv.n_b}",
@@ -278,13 +280,35 @@ class ABComparison:
         ]
         better = "higher" if self.higher_is_better else "lower"
         workload = f"; {self.workload}" if self.workload else ""
-        head = hv.p(f"{self.label_b} vs {self.label_a} on {self.metric} ({better} is better), Welch 95% CI{workload}")
-        note = (
-            hv.p(f"Twin at time scale {scale:g}: means converted to the modelled hardware (x {scale:g}).")
-            if scale
-            else ""
+        head = hv.p(
+            f"{self.label_b} vs {self.label_a} on {metric_words(self.metric)} ({better} is better), "
+            f"Welch 95% CI{workload}"
         )
-        return hv.card(f"A/B: {self.label_b} vs {self.label_a}", head + hv.table(rows) + note)
+        note = hv.p(Clock(self.time_scale).note()) if self.time_scale else ""
+        return hv.card(f"A/B: {self.label_b} vs {self.label_a}", head + hv.table(rows, digits=1) + note)
+
+
+def metric_unit(metric: str) -> str:
+    """The unit of a comparable metric: ``output_throughput`` -> ``tok/s``, ``ttft_ms.median`` -> ``ms``."""
+    name = metric.partition(".")[0]
+    if name.endswith("_ms"):
+        return "ms"
+    if name == "request_throughput" or name == "goodput":
+        return "req/s"
+    if name.endswith("throughput"):
+        return "tok/s"
+    if name == "duration_s":
+        return "s"
+    return "count" if name in ("completed", "failed", "total_output_tokens", "total_input_tokens") else ""
+
+
+def metric_words(metric: str) -> str:
+    """A metric as a reader says it: ``output_throughput`` -> ``output throughput (tok/s)``."""
+    name, _, stat = metric.partition(".")
+    words = name.removesuffix("_ms").replace("_", " ")
+    words = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end latency"}.get(words, words)
+    unit = metric_unit(metric)
+    return f"{stat + ' ' if stat else ''}{words}" + (f" ({unit})" if unit else "")
 
 
 def compare(
@@ -363,12 +387,7 @@ def compare(
 
 
 def _common_workload(runs: Sequence[BenchResult]) -> str:
-    described = set()
-    for r in runs:
-        w = r.provenance.workload
-        if not w or w.get("mean_prompt_len") is None or w.get("mean_output_len") is None:
-            return ""
-        described.add(f"{w['mean_prompt_len']:,.0f} in / {w['mean_output_len']:,.0f} out tokens per request")
+    described = {r.workload_text for r in runs}
     return described.pop() if len(described) == 1 else ""
 
 

@@ -1,9 +1,8 @@
 """Benchmark charts: A vs B throughput with confidence intervals, latency distributions, one run's requests,
 and the gap between measured throughput, the bandwidth roofline and the goal.
 
-Throughputs measured on the twin are the twin's (it runs ``DSV4LAB_TWIN_TIME_SCALE`` times faster or slower
-than the hardware it models); pass ``scale`` (measured x scale = modelled hardware) and a ``units`` label
-that says which one a chart shows.
+Every axis is on the reader's clock (:mod:`dsv4lab.units`): the runs and comparisons already carry it, so a
+chart of twin runs shows the modelled hardware and says so on its axis; no caller converts anything.
 """
 
 from __future__ import annotations
@@ -17,23 +16,31 @@ import numpy as np
 import pandas as pd
 
 from dsv4lab.bench import ABComparison, BenchResult, t_quantile
+from dsv4lab.bench.stats import metric_unit, metric_words
 from dsv4lab.errors import PlotError
 from dsv4lab.plots.theme import CONFIG_COLORS, OKABE_ITO, WIDTH
 from dsv4lab.roofline import Roofline
+from dsv4lab.units import Clock, fmt_ms
 
-__all__ = ["latency_distributions", "request_timeline", "roofline_gap", "throughput_vs_concurrency"]
+__all__ = ["axis_title", "latency_distributions", "request_timeline", "roofline_gap", "throughput_vs_concurrency"]
 
-MEASURED = "output tok/s"
-MODELLED = "output tok/s, modelled hardware"
+MEASURED = "output throughput (tok/s)"
+MODELLED = "output throughput (tok/s, modelled hardware)"
 
 _VERDICT_WORDS = {"better": "better", "worse": "worse", "no detectable difference": "no detectable difference"}
 
 
-def _auto_scale(runs: Sequence[BenchResult]) -> float:
-    """The twin's time scale the runs were measured at (1 for a real server or when they disagree)."""
-    scales = {getattr(r, "time_scale", None) for r in runs}
-    only = scales.pop() if len(scales) == 1 else None
-    return float(only) if isinstance(only, (int, float)) and only > 0 else 1.0
+def _clock(runs: Sequence[BenchResult]) -> Clock:
+    """The runs' common clock (a chart of runs on different clocks cannot label its axis)."""
+    clocks = {r.clock for r in runs}
+    if len(clocks) > 1:
+        raise PlotError("the runs were measured on different clocks (twin time scales); draw them apart")
+    return clocks.pop()
+
+
+def axis_title(what: str, unit: str, clock: Clock) -> str:
+    """``"time to first token (ms, modelled hardware)"``: the quantity, its unit, and on the twin its clock."""
+    return f"{what} ({unit}, {clock.reading})" if clock.is_twin else f"{what} ({unit})"
 
 
 def _ci_half(sd: float, n: int, confidence: float = 0.95) -> float:
@@ -45,18 +52,22 @@ def _ci_half(sd: float, n: int, confidence: float = 0.95) -> float:
 def throughput_vs_concurrency(
     comparison: ABComparison,
     *,
-    labels: tuple[str, str] = ("A", "B"),
-    scale: float = 1.0,
-    units: str = MEASURED,
+    labels: tuple[str, str] | None = None,
+    units: str | None = None,
     title: str | Sequence[str] | None = None,
 ) -> alt.LayerChart:
-    """Mean throughput of each config per concurrency level with its 95 % CI, and B − A's verdict.
+    """Mean throughput of each config per concurrency level with its 95 % CI, and B − A's verdict; the
+    axis says the metric, its unit and (twin) the modelled hardware. ``labels`` default to the comparison's.
 
     The bars are each arm's own interval (Student t over its repeats); the verdict above each level is the
     Welch interval of the difference from :func:`dsv4lab.bench.compare`, which is what decides.
     """
     if not comparison.levels:
         raise PlotError("the comparison has no concurrency levels")
+    labels = labels or (comparison.label_a, comparison.label_b)
+    clock = Clock(comparison.time_scale)
+    words = metric_words(comparison.metric).rsplit(" (", 1)[0]
+    units = units or axis_title(words, metric_unit(comparison.metric) or "value", clock)
     rows = []
     notes = []
     for lv in comparison.levels:
@@ -67,9 +78,9 @@ def throughput_vs_concurrency(
                 {
                     "concurrency": c,
                     "config": arm,
-                    "mean": mean * scale,
-                    "low": (mean - half) * scale,
-                    "high": (mean + half) * scale,
+                    "mean": mean,
+                    "low": mean - half,
+                    "high": mean + half,
                     "n": n,
                 }
             )
@@ -77,8 +88,7 @@ def throughput_vs_concurrency(
         notes.append(
             {
                 "concurrency": c,
-                "top": max(lv.mean_a, lv.mean_b) * scale
-                + max(_ci_half(lv.sd_a, lv.n_a), _ci_half(lv.sd_b, lv.n_b)) * scale,
+                "top": max(lv.mean_a, lv.mean_b) + max(_ci_half(lv.sd_a, lv.n_a), _ci_half(lv.sd_b, lv.n_b)),
                 "line1": f"{lv.rel_diff:+.0%} (95% CI {lo:+.0%} to {hi:+.0%})",
                 "line2": _VERDICT_WORDS[lv.verdict],
             }
@@ -134,8 +144,10 @@ def throughput_vs_concurrency(
         f"bars: mean of {n}+ repeats per config and level; error bars: the 95% CI of each mean",
         f"above: {labels[1]} vs {labels[0]}, Welch 95% CI of the difference and its verdict",
     ]
-    if scale != 1.0:
-        subtitle[1] += f"; twin measurements x {scale:g} = modelled hardware"
+    if comparison.workload:
+        subtitle.append(f"workload: {comparison.workload}")
+    if clock.is_twin:
+        subtitle.append(f"twin run at time scale {clock.time_scale:g}, shown for the modelled hardware")
     chart_out: alt.LayerChart = alt.layer(bars, errors, values, text1, text2).properties(
         width=max(420, 230 * len(levels)),
         height=320,
@@ -161,24 +173,24 @@ def _quantiles(values: np.ndarray) -> dict[str, float]:
 def latency_distributions(
     results: BenchResult | Sequence[BenchResult],
     *,
-    scale: float | None = None,
     title: str | Sequence[str] | None = None,
 ) -> alt.HConcatChart:
     """Time to first token and inter-token latency per run: box from p25 to p75, median tick, whiskers
-    p5-p95. ``scale`` is a twin's time scale (modelled-hardware times are measured times / scale); by
-    default the runs' own (``BenchResult.time_scale``), 1 for a real server."""
+    p5-p95, on the runs' reading clock (the modelled hardware for twin runs)."""
     runs = [results] if isinstance(results, BenchResult) else list(results)
     if not runs:
         raise PlotError("no benchmark results to draw")
-    if scale is None:
-        scale = _auto_scale(runs)
+    clock = _clock(runs)
+    scale = clock.time_scale or 1.0
+    ttft_title = axis_title("time to first token", "ms", clock)
+    itl_title = axis_title("inter-token latency", "ms", clock)
     rows = []
     for i, r in enumerate(runs):
         ok = r.requests[r.requests["status"] == "ok"] if "status" in r.requests else r.requests
         ttft: np.ndarray[Any, Any] = ok["ttft_ms"].dropna().to_numpy(dtype=float) / scale
         itl_lists = [v for v in ok["itl_ms"] if isinstance(v, (list, tuple)) and v]
         itl: np.ndarray[Any, Any] = np.asarray([g for lst in itl_lists for g in lst], dtype=float) / scale
-        for metric, values in (("time to first token (ms)", ttft), ("inter-token latency (ms)", itl)):
+        for metric, values in ((ttft_title, ttft), (itl_title, itl)):
             if values.size:
                 rows.append({"run": _label(r, i), "metric": metric, **_quantiles(values)})
     if not rows:
@@ -186,7 +198,7 @@ def latency_distributions(
     data = pd.DataFrame(rows)
     order = list(dict.fromkeys(data["run"]))
     panels = []
-    for metric in ("time to first token (ms)", "inter-token latency (ms)"):
+    for metric in (ttft_title, itl_title):
         d = data[data["metric"] == metric]
         if d.empty:
             continue
@@ -217,20 +229,16 @@ def latency_distributions(
         panels.append(alt.layer(whisker, box, median, label).properties(width=300, height=max(60, 34 * len(order))))
     if title is None:
         first = data[data["run"] == order[0]].set_index("metric")
-        ttft_med = (
-            first.loc["time to first token (ms)", "p50"] if "time to first token (ms)" in first.index else math.nan
-        )
-        itl_med = (
-            first.loc["inter-token latency (ms)", "p50"] if "inter-token latency (ms)" in first.index else math.nan
-        )
+        ttft_med = first.loc[ttft_title, "p50"] if ttft_title in first.index else math.nan
+        itl_med = first.loc[itl_title, "p50"] if itl_title in first.index else math.nan
         title = (
             f"{order[0]}: median time to first token {ttft_med:,.0f} ms, inter-token {itl_med:,.0f} ms"
             if len(order) == 1
             else "Time to first token and inter-token latency per run"
         )
-    subtitle = "box: 25th-75th percentile, black tick and number: median, whiskers: 5th-95th percentile"
-    if scale != 1.0:
-        subtitle += f"; twin times / {scale:g} = modelled hardware"
+    subtitle = "box: 25th-75th percentile, black tick and number: median (ms), whiskers: 5th-95th percentile"
+    if clock.is_twin:
+        subtitle += f"; twin run at time scale {scale:g}, shown for the modelled hardware"
     chart_out: alt.HConcatChart = alt.hconcat(*panels, spacing=30).properties(
         title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
     )
@@ -241,17 +249,16 @@ def request_timeline(
     result: BenchResult,
     *,
     max_requests: int = 1200,
-    scale: float | None = None,
     title: str | Sequence[str] | None = None,
 ) -> alt.LayerChart:
     """Every request of one run as a bar: queued for a slot, waiting for its first token, decoding.
 
     Shows at a glance whether requests overlapped as intended, where prefill (the wait for the first
-    token) dominates, and stragglers. Runs with more than ``max_requests`` are thinned evenly. ``scale``:
-    as for :func:`latency_distributions`.
+    token) dominates, and stragglers. Runs with more than ``max_requests`` are thinned evenly. Times are on
+    the run's reading clock (the modelled hardware for a twin run).
     """
-    if scale is None:
-        scale = _auto_scale([result])
+    clock = result.clock
+    scale = clock.time_scale or 1.0
     df = result.requests
     if df.empty:
         raise PlotError("the result has no requests")
@@ -292,7 +299,7 @@ def request_timeline(
         alt.Chart(data)
         .mark_bar(height=bar_px)
         .encode(
-            x=alt.X("from:Q", title="time since the run started (s)"),
+            x=alt.X("from:Q", title=axis_title("time since the run started", "s", clock)),
             x2="to:Q",
             y=alt.Y(
                 "request:O", title=f"request (by send time), {n} shown", axis=alt.Axis(labels=n <= 40, ticks=n <= 40)
@@ -308,17 +315,15 @@ def request_timeline(
             ],
         )
     )
-    s = result.summary
+    s = result.on_hardware
     c = "unlimited" if result.concurrency is None else str(result.concurrency)
     if title is None:
         title = f"{result.label or 'Run'}: {s.completed} of {s.total} requests at concurrency {c}"
-    subtitle = (
-        f"median time to first token {s.ttft_ms.median / scale:,.0f} ms, end to end {s.e2e_ms.median / scale:,.0f} ms"
-    )
+    subtitle = f"median time to first token {fmt_ms(s.ttft_ms.median)}, end to end {fmt_ms(s.e2e_ms.median)}"
     if len(d) > n:
         subtitle += f"; every {len(d) / n:.1f}th of {len(d)} requests shown"
-    if scale != 1.0:
-        subtitle += f"; twin times / {scale:g} = modelled hardware"
+    if clock.is_twin:
+        subtitle += f"; twin run at time scale {scale:g}, shown for the modelled hardware"
     chart_out: alt.LayerChart = alt.layer(chart).properties(
         width=WIDTH,
         height=max(120, min(420, n * (bar_px + 1))),
@@ -335,11 +340,14 @@ def roofline_gap(
     roofline: Roofline | Sequence[Roofline] | None = None,
     *,
     target_tok_s: float = 1000.0,
-    units: str = MEASURED,
+    clock: Clock | None = None,
     title: str | Sequence[str] | None = None,
 ) -> alt.LayerChart:
-    """Measured throughput per config against the hardware's bandwidth roofline and the goal, on a log axis
-    (the distances are ratios: 23 vs 1,000 is 43x)."""
+    """Throughput per config (already on the reader's clock, e.g. from ``findings.throughput_figures``)
+    against the hardware's bandwidth roofline and the goal, on a log axis (the distances are ratios: 23 vs
+    1,000 is 43x). ``clock`` says which clock the figures are on (the axis names it)."""
+    clock = clock or Clock()
+    units = axis_title("output throughput", "tok/s", clock)
     items = list(measured.items()) if isinstance(measured, Mapping) else list(measured)
     if not items:
         raise PlotError("no measured throughput to compare")
@@ -385,15 +393,17 @@ def roofline_gap(
         )
         .encode(x=alt.X("x:Q", scale=x_scale), y=alt.value(0), text="label:N")
     )
-    best = max(v for _, v in items)
+    best_name, best = max(items, key=lambda kv: kv[1])
     if title is None:
         gap = target_tok_s / best
-        title = f"Best measured throughput, {best:,.1f} tok/s, is {gap:,.0f}x below the {target_tok_s:,.0f} tok/s goal"
+        title = f"{best_name}: {best:,.1f} tok/s, {gap:,.0f}x below the {target_tok_s:,.0f} tok/s goal"
     subtitle = ["roofline: weights, touched experts and KV cache read once per decode step at full memory bandwidth"]
     if bounds:
         b = max(bounds, key=lambda r: r.tok_s)
         subtitle[0] += f" ({b.hardware}, {b.model}, TP{b.tp}, {b.context_tokens:,}-token context)"
-        subtitle.append(f"the best measured throughput is {best / b.tok_s:.1%} of the highest bound")
+        subtitle.append(f"{best_name} reaches {best / b.tok_s:.1%} of the highest bound")
+    if clock.is_twin:
+        subtitle.append(f"twin run at time scale {clock.time_scale:g}, shown for the modelled hardware")
     chart_out: alt.LayerChart = alt.layer(bars, values, rule, rule_text).properties(
         width=WIDTH,
         height=max(120, 44 * len(order)),

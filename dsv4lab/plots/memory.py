@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import altair as alt
@@ -24,6 +24,7 @@ from dsv4lab.errors import PlotError
 from dsv4lab.logs.source import LogSource
 from dsv4lab.memory import Preflight
 from dsv4lab.plots.theme import BUDGET_COLORS, GPU_COLORS, PHASE_COLORS, WIDTH
+from dsv4lab.units import REAL, Clock, fmt_ms, plural
 
 __all__ = ["downsample_timeline", "memory_budget", "memory_timeline"]
 
@@ -86,9 +87,13 @@ def memory_timeline(
     config: str = "",
     title: str | Sequence[str] | None = None,
     max_points: int = MAX_POINTS,
+    clock: Clock | None = None,
 ) -> alt.LayerChart:
     """Used memory per GPU over time, with the startup phases as bands, the card's capacity, the line
     ``mem_fraction_static`` puts under weights + KV pool, and the OOM marked with its figures.
+
+    ``clock`` is the server's (a twin's samples are drawn on the modelled hardware's time axis, and the
+    axis says so); by default the one the samples carry (``samples.attrs["time_scale"]``), else as measured.
 
     ``samples`` is :meth:`dsv4lab.gpumem.GpuSampler.frame`. Give the server's ``log`` (a local path or its
     lines) and the phases and the OOM are read from it on the samples' clock (the host's UTC offset they
@@ -122,15 +127,24 @@ def memory_timeline(
         first = data.iloc[0]
         t0 = pd.Timestamp(first["time"]) - pd.Timedelta(seconds=float(first["t"]))
     data = downsample_timeline(data, max_points - 64)
-    span_s = float(data["t"].max()) - float(data["t"].min())
+    if clock is None:
+        scale = samples.attrs.get("time_scale")
+        clock = Clock.twin(float(scale)) if isinstance(scale, (int, float)) and scale > 0 else REAL
+    spans = _spans_frame(phases, t0)
+    reading = _reading_time(clock, spans)
+    span_s = reading(float(data["t"].max())) - reading(float(data["t"].min()))
     # Seconds for a launch, minutes for a benchmark, hours for a day: tick labels stay short.
     div, unit = (1.0, "s") if span_s <= 600 else (60.0, "min") if span_s <= 3 * 3600 else (3600.0, "h")
-    t_max = float(data["t"].max()) / div
-    t_min = float(data["t"].min()) / div
+
+    def axis(t: float) -> float:
+        return float(reading(t)) / div
+
+    t_max = axis(float(data["t"].max()))
+    t_min = axis(float(data["t"].min()))
     total = float(data["total_mib"].max()) / 1024
     lines = pd.DataFrame(
         {
-            "t": (data["t"] / div).round(4),
+            "t": [round(axis(float(t)), 4) for t in data["t"]],
             "used_gib": (data["used_mib"] / 1024).round(3),
             "GPU": [f"GPU {g}" for g in data["gpu"]],
             "width": [3.0 if g == highlight else 1.5 for g in data["gpu"]],
@@ -141,18 +155,18 @@ def memory_timeline(
     gpu_range = ["#000000" if name == f"GPU {highlight}" else palette[i] for i, name in enumerate(gpu_names)]
     # The highlighted GPU is drawn last, on top of the others it overlaps.
     lines = lines.assign(_top=(lines["GPU"] == f"GPU {highlight}").astype(int)).sort_values(["_top", "GPU", "t"])
+    since = "the server's first log line" if clock.is_twin and not spans.empty else "sampling started"
     x = alt.X(
         "t:Q",
-        title=f"time since sampling started ({unit})",
+        title=f"time since {since} ({unit}, modelled hardware)" if clock.is_twin else f"time since {since} ({unit})",
         scale=alt.Scale(domain=[t_min, t_max], nice=False),
         axis=alt.Axis(tickCount=10, labelOverlap=True),
     )
     y_scale = alt.Scale(domain=[0, total * 1.1], nice=False)  # room above capacity for the OOM label
     layers: list[Any] = []
 
-    spans = _spans_frame(phases, t0)
-    spans["start_s"] = spans["start_s"] / div
-    spans["end_s"] = spans["end_s"] / div
+    spans["start_s"] = [axis(float(t)) for t in spans["start_s"]]
+    spans["end_s"] = [axis(float(t)) for t in spans["end_s"]]
     if not spans.empty:
         spans["start_s"] = spans["start_s"].clip(lower=t_min, upper=t_max)
         spans["end_s"] = spans["end_s"].clip(lower=t_min, upper=t_max)
@@ -258,7 +272,7 @@ def memory_timeline(
         )
 
     if oom is not None and oom.time is not None and t0 is not None:
-        oom_t = (oom.time - t0).total_seconds() / div
+        oom_t = axis((oom.time - t0).total_seconds())
         used = oom.used_gib
         if used is None or not np.isfinite(used):
             near = lines[lines["GPU"] == f"GPU {oom.gpu}"]
@@ -307,13 +321,30 @@ def memory_timeline(
     if t0 is not None:
         start = f" from {t0.strftime('%Y-%m-%d %H:%M:%S')} (host time, UTC{_offset(t0)})"
     interval = samples.attrs.get("interval_ms")
-    every = f" every {interval} ms" if interval else ""
-    subtitle = f"nvidia-smi on the server host{every}{start}; {len(gpu_names)} GPU(s)"
+    every = f" every {fmt_ms(clock.seconds(float(interval)))}" if interval else ""
+    gpus_text = plural(len(gpu_names), "GPU")
+    subtitle = f"nvidia-smi on the server host{every}{start}; {gpus_text}"
+    if clock.is_twin:
+        subtitle += f"; twin run at time scale {clock.time_scale:g}, times shown for the modelled hardware"
     chart = alt.layer(*layers).resolve_scale(color="independent", strokeDash="independent")
     out: alt.LayerChart = chart.properties(
         width=WIDTH, height=320, title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
     )
     return out
+
+
+def _reading_time(clock: Clock, spans: pd.DataFrame) -> Callable[[float], float]:
+    """Measured seconds since sampling started -> the reader's seconds. On the twin they count from the
+    server's first log line (the first phase's start) on the modelled hardware's clock; before it the twin
+    is a Python process starting, wall time that models nothing, kept unscaled (a few seconds of flat line)."""
+    if not clock.is_twin:
+        return lambda t: t
+    origin = float(spans["start_s"].min()) if not spans.empty else 0.0
+
+    def reading(t: float) -> float:
+        return clock.seconds(t - origin) if t >= origin else t - origin
+
+    return reading
 
 
 def _free_side(

@@ -14,6 +14,7 @@ from dsv4lab.kernels import KernelBreakdown
 from dsv4lab.logs import DecodeBatch, Event
 from dsv4lab.logs.source import LogSource
 from dsv4lab.plots.theme import KIND_COLORS, OKABE_ITO, WIDTH
+from dsv4lab.units import REAL, Clock, fmt_ms
 
 __all__ = ["decode_stats", "kernel_breakdown"]
 
@@ -54,22 +55,24 @@ def decode_stats(
     log: LogSource | Iterable[Event],
     *,
     tz: _dt.tzinfo | None = None,
-    scale: float = 1.0,
+    clock: Clock | None = None,
     config: str = "",
     title: str | Sequence[str] | None = None,
 ) -> alt.VConcatChart:
     """Generation throughput, accept length (speculative decoding only), KV-pool use and running requests
     from the server's ``Decode batch`` lines, stacked on one time axis.
 
-    ``scale`` is a twin's time scale: the log's throughput x scale = modelled hardware. Long logs are averaged
-    into time buckets so that the chart stays under 5,000 points.
+    ``clock`` is the server's: a twin's log is drawn on the modelled hardware (throughput and time axis
+    converted, the axes say so). Long logs are averaged into time buckets so that the chart stays under
+    5,000 points.
     """
     df = _decode_rows(log, tz)
     if df.empty:
         raise PlotError("the log has no decode-batch lines (was the server benchmarked? is --decode-log-interval set?)")
     t0 = df["time"].iloc[0]
-    df["t"] = [(t - t0).total_seconds() for t in df["time"]]
-    df["gen_throughput"] = df["gen_throughput"].astype(float) * scale
+    clock = clock or REAL
+    df["t"] = [clock.seconds((t - t0).total_seconds()) for t in df["time"]]
+    df["gen_throughput"] = [clock.rate(float(v)) for v in df["gen_throughput"]]
     panels_present = [p for p in _PANELS if df[p[0]].notna().any()]
     limit = MAX_POINTS // max(1, len(panels_present))
     if len(df) > limit:
@@ -82,7 +85,9 @@ def decode_stats(
         last = i == len(panels_present) - 1
         x = alt.X(
             "t:Q",
-            title="time since the first decode batch (s)" if last else None,
+            title=("time since the first decode batch (s" + (", modelled hardware)" if clock.is_twin else ")"))
+            if last
+            else None,
             axis=alt.Axis(labels=last, ticks=last),
             scale=alt.Scale(domain=[0, float(df["t"].max()) or 1.0], nice=False),
         )
@@ -112,8 +117,8 @@ def decode_stats(
         if len(acc):
             title += f", {acc.mean():.2f} tokens accepted per step"
     subtitle = f"from the server log's Decode batch lines ({len(df)} points)"
-    if scale != 1.0:
-        subtitle += f"; twin throughput x {scale:g} = modelled hardware"
+    if clock.is_twin:
+        subtitle += f"; twin run at time scale {clock.time_scale:g}, shown for the modelled hardware"
     chart_out: alt.VConcatChart = alt.vconcat(*charts, spacing=6).properties(
         title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
     )
@@ -189,7 +194,10 @@ def kernel_breakdown(
             title = f"{head}, nearly all of it in one kernel"
         else:
             title = f"{head}; the top kernel alone {share:.0%}"
-    subtitle = f"{breakdown.total_ms:,.0f} ms of GPU kernel time in the profile; top kernel: {breakdown.top()[0]}"
+    subtitle = (
+        f"{fmt_ms(breakdown.gpu_ms)} of GPU kernel time in the profile{breakdown.clock.tag}; "
+        f"top kernel: {breakdown.top()[0]}"
+    )
     chart_out: alt.HConcatChart = (
         alt.hconcat(left, right, spacing=40)
         .resolve_scale(color="shared")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from dsv4lab import htmlview as hv
+from dsv4lab.units import fmt_tok_s
 from dsv4lab.widgets import experiment as ex
 from dsv4lab.widgets.actions import ServerMonitor
 
@@ -247,7 +248,7 @@ class ServerActions:
                 runs._repr_html_(),
                 "benchmark runs: "
                 + ", ".join(
-                    f"C={r.concurrency} {r.summary.output_throughput * (r.time_scale or 1):.1f} tok/s" for r in runs
+                    f"C={r.concurrency} {fmt_tok_s(r.on_hardware.output_throughput)}{r.clock.tag}" for r in runs
                 ),
             )
             p.results.add(self._bench_chart(runs), "benchmark chart")
@@ -257,14 +258,9 @@ class ServerActions:
     def _bench_chart(self, runs: Any) -> str:
         from dsv4lab import plots
 
-        measured = {
-            f"{r.label} C={r.concurrency}": r.summary.output_throughput * (r.time_scale or 1)
-            for r in runs
-            if not r.partial
-        }
-        twin = any(r.time_scale for r in runs)
+        measured = {f"{r.label} C={r.concurrency}": r.on_hardware.output_throughput for r in runs if not r.partial}
         try:
-            return plots.svg_figure(plots.roofline_gap(measured, units=plots.MODELLED if twin else plots.MEASURED))
+            return plots.svg_figure(plots.roofline_gap(measured, clock=runs[0].clock if runs else None))
         except Exception as exc:  # the table is the result; a chart that fails says why
             return hv.p(f"no chart: {exc}")
 
