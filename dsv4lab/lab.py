@@ -449,6 +449,7 @@ class Lab:
         not. By default the twin runs them together and a real host one after the other (A's repeats,
         then B's). A config that does not start raises :class:`~dsv4lab.errors.LaunchError` with its verdict.
         """
+        _check_change_names(changes)
         if isinstance(b_overrides, Mapping) and set(b_overrides) & set(changes):
             twice = sorted(set(b_overrides) & set(changes))[0]
             raise ConfigError(twice, changes[twice], "one value for B: in b_overrides or as a keyword, not both")
@@ -655,6 +656,28 @@ def _compare_plan(
     else:
         chosen = _arm_names("names", names)
     return cfg_a, cfg_b, chosen
+
+
+#: lab.compare's own keywords: a keyword that is neither one of these nor a config field is a typo of either.
+_COMPARE_KEYWORDS = (
+    "names, a_overrides, b_overrides, repeats, prompts, input_len, output_len, seed, together, timeout_s, concurrency"
+)
+
+
+def _check_change_names(changes: Mapping[str, Any]) -> None:
+    """B's keyword changes are config fields (``cuda_graph_max_bs``, ``speculative__num_steps``, ``env__X``); any
+    other keyword is refused naming both kinds (``repeat=1`` is a typo of ``repeats``, not a field to set)."""
+    from dsv4lab.config import field_names
+
+    heads = {name.split(".", 1)[0] for name in field_names()}
+    for key, value in changes.items():
+        if key.replace("__", ".").split(".", 1)[0] not in heads:
+            raise ConfigError(
+                key,
+                value,
+                f"a config field to change in B ({', '.join(field_names())}, env.NAME) or one of compare's "
+                f"keywords ({_COMPARE_KEYWORDS})",
+            )
 
 
 def _arm_label(config: object, fallback: str) -> str:
