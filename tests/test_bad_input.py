@@ -599,6 +599,19 @@ def test_the_library_checks_the_host_first_and_records_a_key_only_when_asked(
     check_hosts({"newbox": "host"})
 
 
+def test_trust_host_key_on_the_command_line_records_the_key_before_the_run(
+    workdir: Path, ssh_home: Path, sshd: SSHD, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--trust-host-key`` is the fix the unknown-key error names: the key is recorded, then the run goes on
+    (a sweep whose points the model says cannot fit: nothing is launched, so no kernel is needed here)."""
+    argv = ["sweep", "04", "-p", "host", "newbox", "-p", "mem_fraction_static", "0.9,0.95", "-p", "cuda_graph_max_bs"]
+    assert cli.main([*argv, "64"]) == 4 and "--trust-host-key" in capsys.readouterr().err
+    assert cli.main([*argv, "64", "--trust-host-key", "--reports", "reports"]) == 0, capsys.readouterr().err
+    assert f"[localhost]:{sshd.port}" in (ssh_home / ".ssh" / "known_hosts").read_text()
+    sweep = json.loads(next((workdir / "reports").glob("*/sweep.json")).read_text())
+    assert [p["status"] for p in sweep["points"]] == ["skipped", "skipped"]
+
+
 # -- lab.compare: every argument checked before a server starts ------------------------------------------------------
 
 #: (keyword arguments of lab.compare, the field the ConfigError names, its value as typed, what it allows)
