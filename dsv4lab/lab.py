@@ -450,8 +450,9 @@ class Lab:
         then B's). A config that does not start raises :class:`~dsv4lab.errors.LaunchError` with its verdict.
         """
         _check_change_names(changes)
-        if isinstance(b_overrides, Mapping) and set(b_overrides) & set(changes):
-            twice = sorted(set(b_overrides) & set(changes))[0]
+        dotted = {key.replace("__", "."): key for key in changes}
+        if isinstance(b_overrides, Mapping) and {str(k).replace("__", ".") for k in b_overrides} & set(dotted):
+            twice = dotted[sorted({str(k).replace("__", ".") for k in b_overrides} & set(dotted))[0]]
             raise ConfigError(twice, changes[twice], "one value for B: in b_overrides or as a keyword, not both")
         cfg_a, cfg_b, arms = _compare_plan(a, b, names, a_overrides, b_overrides, changes)
         _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
