@@ -30,10 +30,12 @@ from dsv4lab.experiment import read_results, write_json_atomic
 from dsv4lab.measurements import Measurement, by_config
 from dsv4lab.nbrun import (
     NotebookRun,
+    check_hosts,
     check_parameters,
     environment,
     find_notebook,
     notebook_parameters,
+    run_host,
     run_notebook,
 )
 from dsv4lab.report import public_html
@@ -49,6 +51,7 @@ __all__ = [
     "Campaign",
     "CampaignResult",
     "CampaignStep",
+    "campaign_hosts",
     "check_campaign",
     "load_campaign",
     "rerender_index",
@@ -159,6 +162,20 @@ def check_campaign(campaign: Campaign) -> None:
         )
 
 
+def campaign_hosts(campaign: Campaign) -> dict[str, str]:
+    """The hosts the steps will open, each with where it first appears (for an error naming it)."""
+    hosts: dict[str, str] = {}
+    for step in campaign.steps:
+        declared = notebook_parameters(step.notebook)
+        params = {k: v for k, v in {**campaign.parameters, **step.parameters}.items() if k in declared}
+        host = run_host(step.notebook, params)
+        if host is not None:
+            source = "step" if "host" in step.parameters else "campaign"
+            where = f"step {step.id}: parameter host" if source == "step" else "campaign parameter host"
+            hosts.setdefault(host, where)
+    return hosts
+
+
 def _relative(source: Path, notebook: str) -> str:
     """A notebook path relative to the campaign file, or the name of a shipped notebook."""
     candidate = source.parent / notebook
@@ -214,14 +231,17 @@ def run_campaign(
     execution_timeout_s: float = 3600.0,
     log_output: bool = False,
     on_step: Any = None,
+    trust_host_key: bool = False,
 ) -> CampaignResult:
     """Run the steps in order (see module doc); returns the result, with ``index.html`` written.
 
-    Raises :class:`NotebookError` (after writing the index) when a notebook failed, and
-    :class:`~dsv4lab.errors.LaunchError` before anything runs when another campaign holds the host or the
-    folder (:mod:`dsv4lab.campaignlock`).
+    Raises :class:`NotebookError` (after writing the index) when a notebook failed, and before anything
+    runs :class:`~dsv4lab.errors.HostError` when a step's host cannot be reached (``trust_host_key``
+    records an unknown key) or :class:`~dsv4lab.errors.LaunchError` when another campaign holds the host or
+    the folder (:mod:`dsv4lab.campaignlock`).
     """
     check_campaign(campaign)  # every step's parameters, before a folder is made or a kernel starts
+    check_hosts(campaign_hosts(campaign), trust_host_key=trust_host_key)  # and every host, connected to once
     folder = Path(reports_root).resolve() / campaign.name
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     host = str(campaign.parameters.get("host") or "local")

@@ -337,6 +337,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for p in notebook_parameters(args.notebook).values():
             print(f"{p.name}: {p.type_name} = {p.default}  # {p.help}")
         return 0
+    _positive("--timeout", args.timeout)
     try:
         run = run_notebook(
             args.notebook,
@@ -344,6 +345,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             reports_root=args.reports,
             execution_timeout_s=args.timeout,
             log_output=args.log_output,
+            trust_host_key=args.trust_host_key,
         )
     except NotebookError as exc:
         print(f"Error: {exc}", file=sys.stderr)
@@ -387,9 +389,16 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     def announce(step: Any) -> None:
         print(f"[{step.id}] {Path(step.notebook).stem}", file=sys.stderr, flush=True)
 
+    _positive("--timeout", args.timeout)
     try:
         result = run_campaign(
-            campaign, reports_root=args.reports, force=args.force, log_output=args.log_output, on_step=announce
+            campaign,
+            reports_root=args.reports,
+            force=args.force,
+            execution_timeout_s=args.timeout,
+            log_output=args.log_output,
+            on_step=announce,
+            trust_host_key=args.trust_host_key,
         )
     except NotebookError as exc:
         print(f"Error: {exc}", file=sys.stderr)
@@ -422,6 +431,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             grid[name] = parsed
         else:
             fixed[name] = parsed
+    _positive("--timeout", args.timeout)
     points = load_points(args.points) if args.points else None
     if not grid and points is None:
         allowed = "a swept parameter with several values (-p mem_fraction_static 0.55,0.6) or --points FILE.toml"
@@ -433,6 +443,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         parameters=fixed,
         reports_root=args.reports,
         run_predicted_oom=args.run_predicted_oom,
+        execution_timeout_s=args.timeout,
+        trust_host_key=args.trust_host_key,
     )
     print(result.text_table())
     print(result.index)
@@ -462,6 +474,12 @@ def _add_notebook_options(p: argparse.ArgumentParser, *, help_p: str = "a notebo
     p.add_argument("--reports", default="reports", help="folder the run dirs go under (default: reports)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one notebook cell may run")
     p.add_argument("--log-output", action="store_true", help="echo each cell's output while it runs")
+    p.add_argument(
+        "--trust-host-key",
+        action="store_true",
+        help="record the host's UNKNOWN key in ~/.ssh/known_hosts (check its fingerprint first); changed keys are "
+        "refused. The host is connected to before anything starts either way",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -592,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="a campaign parameter"
     )
-    demo.set_defaults(func=_cmd_demo)
+    demo.set_defaults(func=_cmd_demo, timeout=3600.0, trust_host_key=False)
 
     lab = verbs.add_parser("lab", help="JupyterLab on the notebooks, on 127.0.0.1 with a fresh token (prints its URL)")
     lab.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")

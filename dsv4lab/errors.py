@@ -134,11 +134,16 @@ class HostKeyError(HostError):
 
     exit_code: ClassVar[int] = 4
 
-    def __init__(self, host: str, key_type: str, fingerprint: str, *, changed: bool, known_hosts: str) -> None:
+    def __init__(
+        self, host: str, key_type: str, fingerprint: str, *, changed: bool, known_hosts: str, where: str = ""
+    ) -> None:
         self.host = host
         self.key_type = key_type
         self.fingerprint = fingerprint
         self.changed = changed
+        self.known_hosts = known_hosts
+        #: What the user typed that led here (``parameter host='gpubox' of 01_config_a_baseline``), if known.
+        self.where = where
         if changed:
             text = (
                 f"the {key_type} host key of {host} has CHANGED (now {fingerprint}); refusing to connect. "
@@ -151,7 +156,7 @@ class HostKeyError(HostError):
                 f"band, then connect with trust_unknown_host=True (CLI: --trust-host-key) to record it in "
                 f"{known_hosts}"
             )
-        super().__init__(text)
+        super().__init__(f"{where}: {text}" if where else text)
 
 
 class CommandError(HostError):

@@ -19,12 +19,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import math
 import re
 import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,8 +33,8 @@ import pandas as pd
 
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
-from dsv4lab.config import ServerConfig
-from dsv4lab.errors import ConfigError, Interrupted, StaleServerError
+from dsv4lab.config import ServerConfig, diff
+from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError
 from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.hosts import Host, LocalHost, open_host
@@ -147,24 +148,10 @@ class Lab:
         The presets' tuned-kernel folder is mapped to this session's: the twin's stand-in autotune
         output, or ``kernel_config_dir`` when given.
         """
-        if isinstance(config, str):
-            if config in PRESETS:
-                cfg = preset(config)
-            elif config.endswith((".toml", ".json")):
-                from dsv4lab.config import load
-
-                cfg = load(config)
-            else:
-                raise ConfigError(
-                    "config", config, f"a preset ({', '.join(PRESETS)}), a .toml/.json file, or a ServerConfig"
-                )
-        elif isinstance(config, ServerConfig):
-            cfg = config
-        else:
-            raise ConfigError("config", config, "a preset name, a .toml/.json file, or a ServerConfig")
+        cfg = _resolve(config, overrides)  # every value checked before the session writes anything
         if cfg.kernel_config_dir == KERNEL_CONFIG_DIR and "kernel_config_dir" not in overrides:
             cfg = cfg.replace(kernel_config_dir=self._kernel_dir())
-        return cfg.with_values(overrides) if overrides else cfg
+        return cfg
 
     def _kernel_dir(self) -> str:
         if self.kernel_config_dir is not None:
@@ -389,7 +376,21 @@ class Lab:
     ) -> bench.ABRuns:
         """A/B of two running servers: the same workload, interleaved repeats, Welch CIs (``.compare()``).
 
-        ``labels`` name the arms in tables and charts (default: the servers' names)."""
+        ``labels`` name the arms in tables and charts (default: the servers' names). Every argument is
+        checked before the first request: two different servers, two different labels, the load."""
+        for arm, server in (("a", a), ("b", b)):
+            if not isinstance(server, Server):
+                raise ConfigError(arm, server, "a server from lab.launch(...) (lab.compare takes configs)")
+        if a is b or (a.run_dir == b.run_dir and a.handle.host.name == b.handle.host.name):
+            raise ConfigError(
+                "b", b.name, f"a server other than a ({a.name}): one server against itself measures nothing"
+            )
+        shown = _arm_names("labels", labels) if labels is not None else (a.name, b.name)
+        if shown[0] == shown[1]:
+            raise ConfigError("labels", shown, "two different names for the arms (labels=('A', 'B'))")
+        _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
+        if not isinstance(interleave, bool):
+            raise ConfigError("interleave", interleave, "True (A, B, A, B) or False (all of A, then all of B)")
         for s in (a, b):
             s._require_ready("benchmark")
 
@@ -407,8 +408,8 @@ class Lab:
                 repeats=repeats,
                 interleave=interleave,
                 load=bench.LoadSpec(warmup=0),
-                label_a=labels[0] if labels else a.name,
-                label_b=labels[1] if labels else b.name,
+                label_a=shown[0],
+                label_b=shown[1],
                 progress=self.progress,
                 store=store,
             )
@@ -423,10 +424,12 @@ class Lab:
     def compare(
         self,
         a: ServerConfig | str,
-        b: ServerConfig | str,
+        b: ServerConfig | str | None = None,
         concurrency: Sequence[int] | int | str = (1, 16),
         *,
-        names: tuple[str, str] = ("A", "B"),
+        names: Sequence[str] | None = None,
+        a_overrides: Mapping[str, Any] | None = None,
+        b_overrides: Mapping[str, Any] | None = None,
         repeats: int = 3,
         prompts: int | None = None,
         input_len: int = DEFAULT_INPUT_LEN,
@@ -434,20 +437,42 @@ class Lab:
         seed: int = 7,
         together: bool | None = None,
         timeout_s: float = 900.0,
+        **changes: Any,
     ) -> bench.ABRuns:
         """A/B of two configs, each launched for it and stopped after.
+
+        The arms read as the question: ``compare("config_a", "config_b_fixed")`` two configs;
+        ``compare("config_a", cuda_graph_max_bs=8)`` (or ``compare("config_a", "config_a",
+        cuda_graph_max_bs=8)``) A against A with that change — keyword field overrides change B, the arm
+        under test; ``b_overrides``/``a_overrides`` take them as a mapping (``{"speculative.num_steps": 2}``).
+        ``names`` label the arms; by default the presets' names, B's with its changes
+        (``config_a`` vs ``config_a+cuda_graph_max_bs=8``).
+
+        Everything is checked before the first server starts: both configs and their overrides, the names
+        (two different ones), that B differs from A at all, the levels, repeats and lengths.
 
         ``together`` runs both servers at once and interleaves A, B, A, B (drift spreads over both arms);
         that needs a host that holds both, which the twin does and a GPU host serving one TP-8 model does
         not. By default the twin runs them together and a real host one after the other (A's repeats,
         then B's). A config that does not start raises :class:`~dsv4lab.errors.LaunchError` with its verdict.
         """
-        from dsv4lab.errors import LaunchError
+        _check_change_names(changes)
+        dotted = {key.replace("__", "."): key for key in changes}
+        if isinstance(b_overrides, Mapping) and {str(k).replace("__", ".") for k in b_overrides} & set(dotted):
+            twice = dotted[sorted({str(k).replace("__", ".") for k in b_overrides} & set(dotted))[0]]
+            raise ConfigError(twice, changes[twice], "one value for B: in b_overrides or as a keyword, not both")
+        cfg_a, cfg_b, arms = _compare_plan(a, b, names, a_overrides, b_overrides, changes)
+        _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
+        if together is not None and not isinstance(together, bool):
+            raise ConfigError("together", together, "True (both servers at once), False (one after the other) or None")
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise ConfigError("timeout_s", timeout_s, "a positive number of seconds to wait for each server's READY")
+        server_names = _server_names(arms)
 
         together = self.target == "twin" if together is None else together
         started: list[Server] = []
 
-        def start(config: ServerConfig | str, name: str) -> Server:
+        def start(config: ServerConfig, name: str) -> Server:
             # No GPU sampling: an A/B's servers are measured, not charted (a sampler costs a process each).
             server = self.launch(config, name=name, sample_gpus=False)
             started.append(server)
@@ -464,14 +489,14 @@ class Lab:
         interrupted = False
         try:
             if together:  # both start at once: their startups overlap
-                sa, sb = start(a, names[0]), start(b, names[1])
-                return self.ab(ready(sa), ready(sb), concurrency, repeats=repeats, labels=names, **kw)
+                sa, sb = start(cfg_a, server_names[0]), start(cfg_b, server_names[1])
+                return self.ab(ready(sa), ready(sb), concurrency, repeats=repeats, labels=arms, **kw)
             runs: list[bench.BenchRuns] = []
-            for config, name in ((a, names[0]), (b, names[1])):
+            for config, name, label in ((cfg_a, server_names[0], arms[0]), (cfg_b, server_names[1], arms[1])):
                 server = ready(start(config, name))
-                runs.append(server.bench(concurrency, repeats=repeats, **kw))
+                runs.append(server.bench(concurrency, repeats=repeats, label=label, **kw))
                 server.stop(grace_s=10.0)
-            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), names[0], names[1])
+            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), arms[0], arms[1])
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -563,6 +588,151 @@ class Lab:
         ]
         rows = [{"name": s.name, "state": s.state, "port": s.port, "run dir": s.run_dir} for s in self.servers]
         return hv.card("dsv4lab session", hv.kv_table(facts) + (hv.table(rows) if rows else ""))
+
+
+def _resolve(config: ServerConfig | str, overrides: Mapping[str, Any], *, arg: str = "config") -> ServerConfig:
+    """A preset name, a ``.toml``/``.json`` path or a config, with overrides: checked, nothing written.
+
+    ``arg`` is the argument an unknown name is reported under (``b`` for a comparison's second config)."""
+    if isinstance(config, str):
+        if config in PRESETS:
+            cfg = preset(config)
+        elif config.endswith((".toml", ".json")):
+            from dsv4lab.config import load
+
+            cfg = load(config)
+        else:
+            raise ConfigError(arg, config, f"a preset ({', '.join(PRESETS)}), a .toml/.json file, or a ServerConfig")
+    elif isinstance(config, ServerConfig):
+        cfg = config
+    else:
+        raise ConfigError(arg, config, "a preset name, a .toml/.json file, or a ServerConfig")
+    return cfg.with_values(overrides) if overrides else cfg
+
+
+#: Longest arm name a comparison accepts (it labels tables and charts, and names the server's folder).
+_MAX_ARM_NAME = 100
+
+
+def _arm_names(arg: str, names: object) -> tuple[str, str]:
+    """Two arm names as typed, each one line of text; the same twice is refused (their runs would merge)."""
+    allowed = f"two different names, e.g. {arg}=('config-a', 'config-a-bs8') (one line each, at most {_MAX_ARM_NAME})"
+    if isinstance(names, str) or not isinstance(names, Sequence) or len(names) != 2:
+        raise ConfigError(arg, names, allowed)
+    first, second = names
+    for name in (first, second):
+        if not isinstance(name, str) or not name.strip() or not name.isprintable() or len(name) > _MAX_ARM_NAME:
+            raise ConfigError(arg, names, allowed)
+    if first == second:
+        raise ConfigError(arg, names, allowed)
+    return first, second
+
+
+def _compare_plan(
+    a: object,
+    b: object,
+    names: object,
+    a_overrides: Mapping[str, Any] | None,
+    b_overrides: Mapping[str, Any] | None,
+    changes: Mapping[str, Any],
+) -> tuple[ServerConfig, ServerConfig, tuple[str, str]]:
+    """Both arms of a comparison, resolved and checked, with their names: nothing is launched or written.
+
+    ``b`` None means A again (with B's overrides: "A against A with a change"). Refused here: a config or
+    override that is not valid (named as typed), a B identical to A, names that are not two different ones.
+    """
+    if b is not None and not isinstance(b, (str, ServerConfig)):
+        raise ConfigError(
+            "b", b, "a config (preset, .toml/.json file, ServerConfig) or None for A again; levels go in concurrency="
+        )
+    for arg, mapping in (("a_overrides", a_overrides), ("b_overrides", b_overrides)):
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise ConfigError(arg, mapping, "a mapping of config fields to values, e.g. {'cuda_graph_max_bs': 8}")
+    a_changes, b_changes = dict(a_overrides or {}), {**(b_overrides or {}), **changes}
+    cfg_a = _resolve(a, a_changes, arg="a")  # type: ignore[arg-type]
+    cfg_b = _resolve(a if b is None else b, b_changes, arg="a" if b is None else "b")  # type: ignore[arg-type]
+    label_a = _arm_label(a, "A")
+    same = b is None or (isinstance(b, str) and b == a) or b is a
+    label_b = label_a if same else _arm_label(b, "B")
+    typed = (label_a + _changes_text(a_changes), label_b + _changes_text(b_changes))
+    changed = diff(cfg_a, cfg_b)
+    if not [c for c in changed if c.field != "port"]:  # a launch picks each arm's port anyway
+        raise ConfigError(
+            "b",
+            typed[1],
+            f"a config that differs from A ({typed[0]}): the same config twice measures only noise; give B a "
+            f"change, e.g. lab.compare({label_a!r}, cuda_graph_max_bs=8), or another config",
+            detail="the port is no difference: each server gets its own" if changed else "",
+        )
+    if names is None:
+        chosen = typed if typed[0] != typed[1] else (f"{typed[0]} (A)", f"{typed[1]} (B)")
+    else:
+        chosen = _arm_names("names", names)
+    return cfg_a, cfg_b, chosen
+
+
+#: lab.compare's own keywords: a keyword that is neither one of these nor a config field is a typo of either.
+_COMPARE_KEYWORDS = (
+    "names, a_overrides, b_overrides, repeats, prompts, input_len, output_len, seed, together, timeout_s, concurrency"
+)
+
+
+def _check_change_names(changes: Mapping[str, Any]) -> None:
+    """B's keyword changes are config fields (``cuda_graph_max_bs``, ``speculative__num_steps``, ``env__X``); any
+    other keyword is refused naming both kinds (``repeat=1`` is a typo of ``repeats``, not a field to set)."""
+    from dsv4lab.config import field_names
+
+    heads = {name.split(".", 1)[0] for name in field_names()}
+    for key, value in changes.items():
+        if key.replace("__", ".").split(".", 1)[0] not in heads:
+            raise ConfigError(
+                key,
+                value,
+                f"a config field to change in B ({', '.join(field_names())}, env.NAME) or one of compare's "
+                f"keywords ({_COMPARE_KEYWORDS})",
+            )
+
+
+def _arm_label(config: object, fallback: str) -> str:
+    """A config as its arm is called: the preset's name, the file's stem, or A/B for a ServerConfig."""
+    if isinstance(config, str):
+        return config if config in PRESETS else Path(config).stem
+    return fallback
+
+
+def _changes_text(changes: Mapping[str, Any]) -> str:
+    """``+cuda_graph_max_bs=8+speculative.num_steps=2``: the overrides an arm's name carries."""
+    return "".join(f"+{key.replace('__', '.')}={value}" for key, value in changes.items())
+
+
+def _server_names(names: tuple[str, str]) -> tuple[str, str]:
+    """Folder-safe server names for two arm names (``config_a+cuda_graph_max_bs=8`` -> ``config_a-cuda_...-8``)."""
+    out = [re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:_MAX_ARM_NAME] or "arm" for name in names]
+    return out[0], out[1]
+
+
+def _check_load(
+    concurrency: object, repeats: object, prompts: object, input_len: object, output_len: object, seed: object
+) -> None:
+    """An A/B's load, checked before any server is asked anything (each value named as its argument)."""
+    from dsv4lab.bench.workload import _levels
+
+    try:
+        _levels(concurrency)  # type: ignore[arg-type]
+    except bench.BenchError:
+        raise ConfigError("concurrency", concurrency, "one or more integers >= 1, e.g. [1, 16] or '1,16'") from None
+
+    def integer(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for arg, value in (("repeats", repeats), ("input_len", input_len), ("output_len", output_len)):
+        if not integer(value) or value < 1:  # type: ignore[operator]
+            extra = " (a verdict needs 3 per arm and level)" if arg == "repeats" else ""
+            raise ConfigError(arg, value, f"an integer >= 1{extra}")
+    if prompts is not None and (not integer(prompts) or prompts < 1):  # type: ignore[operator]
+        raise ConfigError("prompts", prompts, "an integer >= 1, or None for one wave per level")
+    if not integer(seed):
+        raise ConfigError("seed", seed, "an integer")
 
 
 def _interrupted(reason: str) -> Readiness:

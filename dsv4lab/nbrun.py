@@ -37,6 +37,7 @@ __all__ = [
     "NOTEBOOK_DIR",
     "NotebookRun",
     "Parameter",
+    "check_hosts",
     "check_parameters",
     "find_notebook",
     "list_notebooks",
@@ -44,6 +45,7 @@ __all__ = [
     "notebook_parameters",
     "parse_cli_value",
     "render_run",
+    "run_host",
     "run_notebook",
     "stop_orphans",
 ]
@@ -182,6 +184,26 @@ def check_parameters(path: str | Path, given: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+def run_host(path: str | Path, params: Mapping[str, Any]) -> str | None:
+    """The host a run of the notebook with ``params`` opens (its ``host`` parameter as given, else the
+    notebook's default), or None when the notebook declares no host."""
+    nb_path = find_notebook(path)
+    if "host" not in notebook_parameters(nb_path):
+        return None
+    host = effective_parameters(nb_path, params).get("host")
+    return str(host) if host not in (None, "") else None
+
+
+def check_hosts(hosts: Mapping[str, str], *, trust_host_key: bool = False) -> None:
+    """Each host (spec -> where it was given, for the error) connected to once, before a run dir or a kernel:
+    a mistyped alias, an unreachable host or an unknown host key is one error now (exit 3, or 4 for the
+    key), not a kernel that fails its first cell. See :func:`dsv4lab.hosts.check_host`."""
+    from dsv4lab.hosts import check_host
+
+    for spec, where in hosts.items():
+        check_host(spec, where=where, trust_unknown_host=trust_host_key)
+
+
 def _convert(notebook: str, p: Parameter, value: Any) -> Any:
     where = f"parameter {p.name} of {notebook}"
     kind = p.type_name
@@ -281,18 +303,27 @@ def run_notebook(
     start_timeout_s: float = 120.0,
     log_output: bool = False,
     raise_on_error: bool = True,
+    trust_host_key: bool = False,
 ) -> NotebookRun:
     """Execute ``notebook`` with ``parameters`` into a new run dir and render its report (see module doc).
 
     ``run_dir`` uses that (new, empty) folder instead of making one under ``reports_root``. With
     ``raise_on_error`` a failed notebook raises :class:`NotebookError` (``.run`` holds this result);
-    otherwise the result comes back with ``ok=False``.
+    otherwise the result comes back with ``ok=False``. The ``host`` parameter is connected to first (a
+    :class:`~dsv4lab.errors.HostError` before anything is made); ``trust_host_key`` records an unknown
+    host key in ``~/.ssh/known_hosts`` then, where the notebook's session finds it.
     """
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    timeout_ok = isinstance(execution_timeout_s, (int, float)) and not isinstance(execution_timeout_s, bool)
+    if not (timeout_ok and 0 < execution_timeout_s < float("inf")):
+        raise ConfigError("execution_timeout_s", execution_timeout_s, "a positive number of seconds per cell")
     nb_path = find_notebook(notebook)
     params = check_parameters(nb_path, parameters or {})
+    host = run_host(nb_path, params)
+    if host is not None:
+        check_hosts({host: f"parameter host of {nb_path.stem}"}, trust_host_key=trust_host_key)
     out_dir = Path(run_dir).resolve() if run_dir is not None else new_run_dir(Path(reports_root), nb_path.stem)
     out_dir.mkdir(parents=True, exist_ok=True)
     declared = notebook_parameters(nb_path)

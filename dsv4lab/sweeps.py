@@ -23,7 +23,15 @@ import pandas as pd
 from dsv4lab.config import field_names
 from dsv4lab.errors import ConfigError, DSV4LabError
 from dsv4lab.experiment import parse_overrides, write_json_atomic
-from dsv4lab.nbrun import check_parameters, find_notebook, new_run_dir, notebook_parameters, run_notebook
+from dsv4lab.nbrun import (
+    check_hosts,
+    check_parameters,
+    find_notebook,
+    new_run_dir,
+    notebook_parameters,
+    run_host,
+    run_notebook,
+)
 from dsv4lab.units import Clock, plural
 
 __all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_text", "load_points", "run_sweep"]
@@ -160,9 +168,11 @@ def run_sweep(
     reports_root: str | Path = "reports",
     run_predicted_oom: bool = False,
     execution_timeout_s: float = 3600.0,
+    trust_host_key: bool = False,
 ) -> SweepResult:
     """Run ``notebook`` at every point of ``grid`` (or at each of ``points``, from :func:`load_points`);
-    returns the result with ``index.html`` (see module doc)."""
+    returns the result with ``index.html`` (see module doc). Every point's parameters and every host the
+    points use are checked (the host connected to once) before the sweep's folder is made."""
     if (grid is None) == (points is None):
         raise ConfigError("sweep", "", "either a grid of values or a list of points")
     nb = find_notebook(notebook)
@@ -183,6 +193,12 @@ def run_sweep(
         except ConfigError as exc:
             where = " ".join(f"{k}={v}" for k, v in values.items())
             raise ConfigError(f"sweep point {where}: {exc.field}", exc.value, exc.allowed, detail=exc.detail) from None
+    hosts: dict[str, str] = {}
+    for values in combos:
+        host = run_host(nb, _point_parameters(base, values, declared))
+        if host is not None:
+            hosts.setdefault(host, f"sweep parameter host of {nb.stem}")
+    check_hosts(hosts, trust_host_key=trust_host_key)
     folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
     swept = list(dict.fromkeys(k for c in combos for k in c))
     fixed = _fixed(base, declared, swept)

@@ -10,6 +10,7 @@ children before and after.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,18 @@ from typing import Any
 import psutil
 import pytest
 
-from dsv4lab import cli
+from dsv4lab import Lab, cli
 from dsv4lab.bench.workload import sharegpt_workload
 from dsv4lab.campaign import load_campaign
 from dsv4lab.config import ServerConfig, load
-from dsv4lab.errors import BenchError, ConfigError, LogError
+from dsv4lab.errors import BenchError, ConfigError, HostConnectionError, HostKeyError, LogError
 from dsv4lab.experiment import Experiment
 from dsv4lab.logs import parse_log
 from dsv4lab.memory import preflight
+from dsv4lab.nbrun import check_hosts, run_notebook
 from dsv4lab.presets import config_a
-from dsv4lab.sweeps import load_points
+from dsv4lab.sweeps import load_points, run_sweep
+from tests.sshd import SSHD, free_port
 
 # -- the inputs the rows point at ---------------------------------------------------------------------------------
 
@@ -328,7 +331,15 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
         "parameter b_run_dir",
         "the run dir of the earlier step",
     ),
+    ("run: timeout 0", ["run", "01", "--timeout", "0"], "--timeout=0", "a positive number of seconds"),
+    (
+        "run: host port not a number",
+        ["run", "01", "-p", "host", "gpubox:ssh"],
+        "parameter host of 01_config_a_baseline='gpubox:ssh'",
+        "user@host:PORT",
+    ),
     # campaign
+    ("campaign: timeout -1", ["campaign", "--timeout", "-1"], "--timeout=-1", "a positive number of seconds"),
     ("campaign: file missing", ["campaign", "missing.toml"], "campaign=", "a readable campaign .toml file"),
     ("campaign: not TOML", ["campaign", "notoml.toml"], "campaign=", "valid TOML"),
     ("campaign: binary", ["campaign", "binary.toml"], "campaign=", "valid TOML"),
@@ -354,6 +365,12 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
     ),
     ("sweep: unknown key", ["sweep", "04", "-p", "nope", "1,2"], "sweep parameter nope", "a config field"),
     ("sweep: no grid", ["sweep", "04"], "-p=", "a swept parameter"),
+    (
+        "sweep: timeout 0",
+        ["sweep", "04", "-p", "mem_fraction_static", "0.55,0.6", "--timeout", "0"],
+        "--timeout=0",
+        "a positive number of seconds",
+    ),
     ("sweep: points missing", ["sweep", "04", "--points", "missing.toml"], "points=", "a readable TOML file"),
     ("sweep: points binary", ["sweep", "04", "--points", "binary.toml"], "points=", "a readable TOML file"),
     ("sweep: no points", ["sweep", "04", "--points", "nopoints.toml"], "points=", "[[point]] tables"),
@@ -467,6 +484,192 @@ def test_garbage_and_huge_lines_are_diagnosed_not_refused(workdir: Path, capsys:
         assert verdict["outcome"] == "unknown" and "No SGLang or vLLM log lines" in verdict["cause"]
 
 
+# -- hosts: connected to before a run dir or a kernel (exit 3, or 4 for a host key) ------------------------------------
+
+
+@pytest.fixture
+def ssh_home(sshd: SSHD, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's ~/.ssh (outside the working folder): ``gpubox`` is the sshd fixture with its key known,
+    ``newbox`` the same server under a name whose key is not known yet, ``down`` a closed port,
+    ``wrongkey`` a key the server refuses; ``nosuchgpubox`` is in neither the config nor any resolver."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ssh").mkdir()
+    other = home / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
+    entry = f"  Port {sshd.port}\n  User {sshd.user}\n  IdentityFile {sshd.key_path}\n"
+    (home / ".ssh" / "config").write_text(
+        f"Host gpubox\n  HostName 127.0.0.1\n{entry}Host newbox\n  HostName localhost\n{entry}"
+        f"Host down\n  HostName 127.0.0.1\n  Port {free_port()}\n  User {sshd.user}\n  IdentityFile {sshd.key_path}\n"
+        f"Host wrongkey\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n  IdentityFile {other}\n"
+    )
+    (home / ".ssh" / "known_hosts").write_text(sshd.host_key_line + "\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return home
+
+
+def _new_processes(before: set[int], sshd: SSHD) -> set[int]:
+    """Children of this process started since ``before``, other than the sshd's own per-connection ones."""
+    try:
+        server = {p.pid for p in psutil.Process(sshd.proc.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        server = set()
+    return _children() - before - server
+
+
+_SWEEP = ["sweep", "04", "-p", "mem_fraction_static", "0.55,0.6"]
+_RUN01 = "parameter host of 01_config_a_baseline="
+
+#: (argv, exit status, what the one line names, what it says to do or what failed)
+HOST_ROWS: list[tuple[str, list[str], int, str, str]] = [
+    (
+        "run: an alias that is nowhere",
+        ["run", "01_config_a_baseline", "-p", "host", "nosuchgpubox"],
+        3,
+        f"{_RUN01}'nosuchgpubox'",
+        "'nosuchgpubox' is neither a Host in ~/.ssh/config nor a host name that resolves",
+    ),
+    ("run: host down", ["run", "01", "-p", "host", "down"], 3, f"{_RUN01}'down'", "cannot connect to"),
+    ("run: key refused", ["run", "01", "-p", "host", "wrongkey"], 3, f"{_RUN01}'wrongkey'", "IdentityFile"),
+    ("run: host key unknown", ["run", "01", "-p", "host", "newbox"], 4, f"{_RUN01}'newbox'", "--trust-host-key"),
+    (
+        "sweep: host down",
+        [*_SWEEP, "-p", "host", "down"],
+        3,
+        "sweep parameter host of 04_config_b_fixed='down'",
+        "cannot connect to",
+    ),
+    (
+        "sweep: host key unknown",
+        [*_SWEEP, "-p", "host", "newbox"],
+        4,
+        "sweep parameter host of 04_config_b_fixed='newbox'",
+        "is not known (fingerprint SHA256:",
+    ),
+    (
+        "campaign: an alias that is nowhere",
+        ["campaign", "-p", "host", "nosuchgpubox"],
+        3,
+        "campaign parameter host='nosuchgpubox'",
+        "neither a Host in ~/.ssh/config",
+    ),
+    ("campaign: host key unknown", ["campaign", "-p", "host", "newbox"], 4, "campaign parameter host=", "--trust-host"),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "names", "says"), [r[1:] for r in HOST_ROWS], ids=[r[0] for r in HOST_ROWS])
+def test_a_host_that_cannot_be_used_is_one_line_before_a_run_dir_or_a_kernel(
+    workdir: Path,
+    ssh_home: Path,
+    sshd: SSHD,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    status: int,
+    names: str,
+    says: str,
+) -> None:
+    before, procs = _tree(workdir), _children()
+    known = (ssh_home / ".ssh" / "known_hosts").read_text()
+    got = cli.main(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert got == status, (got, out, err)
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    assert names in lines[0] and says in lines[0], lines[0]
+    assert "Traceback" not in err and not out.strip()
+    assert _tree(workdir) == before, "a run dir or a report folder was made"
+    assert not _new_processes(procs, sshd), "a kernel or a server was started"
+    assert (ssh_home / ".ssh" / "known_hosts").read_text() == known, "a host key was recorded without the opt-in"
+
+
+def test_the_library_checks_the_host_first_and_records_a_key_only_when_asked(
+    workdir: Path, ssh_home: Path, sshd: SSHD
+) -> None:
+    procs = _children()
+    with pytest.raises(HostConnectionError, match=r"parameter host of 01_config_a_baseline='nosuchgpubox'"):
+        run_notebook("01", {"host": "nosuchgpubox"}, reports_root="reports")
+    with pytest.raises(HostKeyError, match=r"sweep parameter host of 04_config_b_fixed='newbox'.*is not known") as info:
+        run_sweep("04", {"mem_fraction_static": [0.55, 0.6]}, parameters={"host": "newbox"}, reports_root="reports")
+    assert info.value.exit_code == 4 and not info.value.changed
+    assert not (workdir / "reports").exists() and not _new_processes(procs, sshd)
+    check_hosts({"gpubox": "host"})  # known, reachable, accepted: nothing to say
+    # The opt-in records the unknown key where the notebook's session looks (~/.ssh/known_hosts), then it is known.
+    check_hosts({"newbox": "host"}, trust_host_key=True)
+    assert f"[localhost]:{sshd.port}" in (ssh_home / ".ssh" / "known_hosts").read_text()
+    check_hosts({"newbox": "host"})
+
+
+def test_trust_host_key_on_the_command_line_records_the_key_before_the_run(
+    workdir: Path, ssh_home: Path, sshd: SSHD, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--trust-host-key`` is the fix the unknown-key error names: the key is recorded, then the run goes on
+    (a sweep whose points the model says cannot fit: nothing is launched, so no kernel is needed here)."""
+    argv = ["sweep", "04", "-p", "host", "newbox", "-p", "mem_fraction_static", "0.9,0.95", "-p", "cuda_graph_max_bs"]
+    assert cli.main([*argv, "64"]) == 4 and "--trust-host-key" in capsys.readouterr().err
+    assert cli.main([*argv, "64", "--trust-host-key", "--reports", "reports"]) == 0, capsys.readouterr().err
+    assert f"[localhost]:{sshd.port}" in (ssh_home / ".ssh" / "known_hosts").read_text()
+    sweep = json.loads(next((workdir / "reports").glob("*/sweep.json")).read_text())
+    assert [p["status"] for p in sweep["points"]] == ["skipped", "skipped"]
+
+
+# -- lab.compare: every argument checked before a server starts ------------------------------------------------------
+
+#: (keyword arguments of lab.compare, the field the ConfigError names, its value as typed, what it allows)
+COMPARE_ROWS: dict[str, tuple[dict[str, Any], str, Any, str]] = {
+    "unknown second preset": ({"b": "config_bb"}, "b", "config_bb", "a preset (config_a"),
+    "unknown first preset": ({"a": "config_z", "b": "config_a"}, "a", "config_z", "a preset (config_a"),
+    "levels where b goes": ({"b": [16], "cuda_graph_max_bs": 8}, "b", [16], "levels go in concurrency="),
+    "the same config twice": ({"b": "config_a"}, "b", "config_a", "a config that differs from A (config_a)"),
+    "A with nothing changed": ({}, "b", "config_a", "give B a change, e.g. lab.compare('config_a', cuda_graph"),
+    "a change that is no change": ({"tp": 8}, "b", "config_a+tp=8", "differs from A"),
+    "only the port changed": ({"port": 31555}, "b", "config_a+port=31555", "differs from A"),
+    "an override of the wrong type": ({"cuda_graph_max_bs": "lots"}, "cuda_graph_max_bs", "lots", "an integer"),
+    "an unknown field": ({"mem_fractio": 0.6}, "mem_fractio", 0.6, "a config field to change in B (model_path"),
+    "a typo of a keyword": ({"repeat": 1, "tp": 4}, "repeat", 1, "or one of compare's keywords (names, a_overrides"),
+    "an a_override out of range": (
+        {"a_overrides": {"mem_fraction_static": 1.5}, "b": "config_b_fixed"},
+        "mem_fraction_static",
+        1.5,
+        "strictly between 0 and 1",
+    ),
+    "b_overrides not a mapping": (
+        {"b_overrides": "cuda_graph_max_bs=8"},
+        "b_overrides",
+        "cuda_graph_max_bs=8",
+        "a mapping",
+    ),
+    "a change given twice": (
+        {"b_overrides": {"cuda_graph_max_bs": 8}, "cuda_graph_max_bs": 4},
+        "cuda_graph_max_bs",
+        4,
+        "in b_overrides or as a keyword, not both",
+    ),
+    "names the same": ({"names": ("A", "A"), "cuda_graph_max_bs": 8}, "names", ("A", "A"), "two different names"),
+    "one name": ({"names": ("A",), "cuda_graph_max_bs": 8}, "names", ("A",), "two different names"),
+    "names a string": ({"names": "AB", "cuda_graph_max_bs": 8}, "names", "AB", "two different names"),
+    "a name on two lines": ({"names": ("A", "B\nC"), "cuda_graph_max_bs": 8}, "names", ("A", "B\nC"), "one line each"),
+    "concurrency 0": ({"concurrency": [1, 0], "cuda_graph_max_bs": 8}, "concurrency", [1, 0], "integers >= 1"),
+    "concurrency text": ({"concurrency": "1,x", "cuda_graph_max_bs": 8}, "concurrency", "1,x", "integers >= 1"),
+    "repeats 0": ({"repeats": 0, "cuda_graph_max_bs": 8}, "repeats", 0, "an integer >= 1"),
+    "prompts 0": ({"prompts": 0, "cuda_graph_max_bs": 8}, "prompts", 0, "an integer >= 1"),
+    "input_len text": ({"input_len": "8k", "cuda_graph_max_bs": 8}, "input_len", "8k", "an integer >= 1"),
+    "together text": ({"together": "yes", "cuda_graph_max_bs": 8}, "together", "yes", "True (both servers at once)"),
+    "timeout 0": ({"timeout_s": 0, "cuda_graph_max_bs": 8}, "timeout_s", 0, "a positive number of seconds"),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPARE_ROWS))
+def test_compare_refuses_bad_input_before_a_server_starts(workdir: Path, name: str) -> None:
+    kwargs, field, value, allows = COMPARE_ROWS[name]
+    procs = _children()
+    lab = Lab(run_root=workdir / "runs", time_scale=0.02, progress=False)
+    with lab, pytest.raises(ConfigError) as info:
+        lab.compare(**{"a": "config_a", **kwargs})
+    assert info.value.field == field and info.value.value == value and allows in info.value.allowed, str(info.value)
+    assert lab.servers == [] and not (workdir / "runs").exists(), "a server was launched, or its folder made"
+    assert _children() <= procs, "a process was started"
+
+
 # -- widget fields: shown at the control, never raised ---------------------------------------------------------------
 
 WIDGET_ROWS: list[tuple[str, str, Any, str]] = [
@@ -500,4 +703,5 @@ def test_widget_fields_show_the_error_at_the_control(control: str, value: Any, a
 def test_rows_cover_every_entry_point() -> None:
     verbs = {r[1][0] for r in CLI_ROWS}
     assert verbs >= {"config", "preflight", "launch", "watch", "stop", "bench", "diagnose", "run", "campaign", "sweep"}
-    assert len(CLI_ROWS) + len(LIBRARY_ROWS) + len(WIDGET_ROWS) >= 100
+    assert {r[1][0] for r in HOST_ROWS} == {"run", "sweep", "campaign"}
+    assert len(CLI_ROWS) + len(LIBRARY_ROWS) + len(WIDGET_ROWS) + len(HOST_ROWS) + len(COMPARE_ROWS) >= 130

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psutil
@@ -170,3 +172,49 @@ def test_lab_over_ssh_with_the_hosts_python(sshd: SSHD, tmp_path: Path) -> None:
     lab = Lab(sshd.connect(), run_root=tmp_path / "l2", remote_root=str(tmp_path / "r2"), python=base, progress=False)
     with lab, pytest.raises(HostSetupError, match=rf"on {sshd.target}: the interpreter '{base}'.*import 'dsv4lab'"):
         lab.launch("config_a")
+
+
+def test_compare_a_against_a_with_a_change_in_its_natural_forms(lab: Lab) -> None:
+    """``compare("config_a", cuda_graph_max_bs=8)`` and ``compare("config_a", "config_a", [4], b_overrides=...)``:
+    A and A-with-the-change, both launched, benchmarked, named by what differs, and stopped after."""
+    load: dict[str, Any] = {"repeats": 1, "prompts": 4, "input_len": 256, "output_len": 16}
+    runs = lab.compare("config_a", concurrency=[4], cuda_graph_max_bs=8, **load)
+    assert (runs.label_a, runs.label_b) == ("config_a", "config_a+cuda_graph_max_bs=8")
+    assert len(runs.a) == len(runs.b) == 1 and not runs.partial
+    assert {r.label for r in runs.a} == {"config_a"} and {r.label for r in runs.b} == {"config_a+cuda_graph_max_bs=8"}
+    a, b = lab.servers
+    assert a.config.cuda_graph_max_bs is None and b.config.cuda_graph_max_bs == 8
+    assert a.config.replace(cuda_graph_max_bs=8, port=b.port) == b.config  # the change, and nothing else
+    assert (a.name, b.name) == ("config-a", "config-a-cuda-graph-max-bs-8")
+    assert a.stopped is not None and b.stopped is not None
+    again = lab.compare("config_a", "config_a", [4], b_overrides={"env.NCCL_PROTO": "Simple"}, **load)
+    assert again.label_b == "config_a+env.NCCL_PROTO=Simple" and len(again.b) == 1
+    named = lab.compare("config_a", "config_b_fixed", 4, names=("A", "B fixed"), **load)
+    assert (named.label_a, named.label_b) == ("A", "B fixed") and lab.servers[-1].name == "B-fixed"
+    assert all(s.stopped is not None for s in lab.servers)
+
+
+def test_ab_refuses_bad_input_before_a_request(lab: Lab) -> None:
+    a = lab.launch("config_a", sample_gpus=False).wait()
+    rows: list[tuple[dict[str, Any], str]] = [
+        ({"b": a}, "b='config-a' is not valid: a server other than a"),
+        ({"b": "config_b"}, "b='config_b' is not valid: a server from lab.launch"),
+        ({"b": a, "labels": ("A", "A")}, "a server other than a"),
+    ]
+    for kwargs, message in rows:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            lab.ab(a, **kwargs)
+    b = lab.launch("config_a", sample_gpus=False, cuda_graph_max_bs=8).wait()
+    checked: list[tuple[dict[str, Any], str]] = [
+        ({"labels": ("A", "A")}, "labels=('A', 'A') is not valid: two different names"),
+        ({"concurrency": 0}, "concurrency=0 is not valid: one or more integers >= 1"),
+        ({"repeats": -1}, "repeats=-1 is not valid: an integer >= 1"),
+        ({"output_len": 0}, "output_len=0 is not valid"),
+        ({"interleave": "yes"}, "interleave='yes' is not valid"),
+    ]
+    for kwargs, message in checked:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            lab.ab(a, b, **kwargs)
+    assert not list(lab.run_root.glob("ab-*")), "a benchmark was started"
+    runs = lab.ab(a, b, 2, repeats=1, prompts=2, input_len=128, output_len=8)
+    assert (runs.label_a, runs.label_b) == (a.name, b.name) and len(runs.a) == len(runs.b) == 1

@@ -14,6 +14,7 @@ import hashlib
 import os
 import select
 import shlex
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from dsv4lab.errors import HostConnectionError, HostKeyError
+from dsv4lab.errors import ConfigError, HostConnectionError, HostKeyError
 from dsv4lab.hosts.base import CommandResult, Follower, Host, LineStream, PortForward
 from dsv4lab.hosts.ssh_channels import SSHFollower, SSHForwarder, SSHStream
 
@@ -80,6 +81,8 @@ def resolve_target(
         user = user or user_part
     if alias.count(":") == 1:
         alias, port_text = alias.split(":")
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ConfigError("host", host, "an SSH alias from ~/.ssh/config, user@host or user@host:PORT (1-65535)")
         port = port or int(port_text)
     options: dict[str, Any] = {}
     if ssh_config:
@@ -217,6 +220,11 @@ class SSHHost(Host):
                 f"SSH authentication to {t.user}@{t.hostname}:{t.port} failed ({exc}); "
                 "check the key files, ssh-agent, or IdentityFile in ~/.ssh/config"
             ) from exc
+        except socket.gaierror as exc:  # before any packet: say which name did not resolve, and from where
+            client.close()
+            raise HostConnectionError(
+                f"cannot connect to {t.user}@{t.hostname}:{t.port}: {self._unresolved(exc)}"
+            ) from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
             client.close()
             raise HostConnectionError(f"cannot connect to {t.user}@{t.hostname}:{t.port}: {exc}") from exc
@@ -227,6 +235,14 @@ class SSHHost(Host):
         if self._connected_once:
             self.reconnects += 1
         self._connected_once = True
+
+    def _unresolved(self, exc: socket.gaierror) -> str:
+        """Why the name did not resolve, in the terms of what the user typed (an alias, or its HostName)."""
+        t, why = self.target, exc.strerror or str(exc)
+        if t.hostname != t.alias:
+            return f"the HostName {t.hostname!r} that {self.ssh_config} gives {t.alias!r} does not resolve ({why})"
+        where = f"a Host in {self.ssh_config} nor " if self.ssh_config else ""
+        return f"{t.alias!r} is neither {where}a host name that resolves ({why})"
 
     @property
     def transport(self) -> paramiko.Transport:
