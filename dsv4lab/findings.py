@@ -273,13 +273,15 @@ def cheap_levers(config: ServerConfig) -> dict[str, tuple[str, ServerConfig]]:
     """Config A's cheap levers, each as (a name, the config without it): the A/Bs that measure them.
 
     FP8 autotuning is the tuned kernel-config folder; NCCL tuning the LL protocol and Ring algorithm in the
-    environment; CUDA graphs the decode graphs SGLang captures.
+    environment; CUDA graphs the decode graphs SGLang captures. A lever the config already has off is left
+    out: its A/B would compare the config with itself.
     """
-    return {
+    levers = {
         "fp8_gain": ("untuned-fp8", config.replace(kernel_config_dir=None)),
         "nccl_gain": ("nccl-defaults", config.with_values({"env.NCCL_PROTO": None, "env.NCCL_ALGO": None})),
         "cuda_graph_gain": ("no-cuda-graphs", config.replace(disable_cuda_graph=True)),
     }
+    return {k: (name, without) for k, (name, without) in levers.items() if without != config}
 
 
 def diagnosis_figures(d: Diagnosis) -> dict[str, Any]:

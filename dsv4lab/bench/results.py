@@ -497,10 +497,13 @@ class BenchRuns(Sequence[BenchResult]):
         if not self._runs:
             return hv.card("benchmark runs", hv.p("no runs"), state="info")
         clock = self._runs[0].clock
+        workloads = {r.workload_text for r in self._runs}
         rows = []
         for r in self._runs:
             s = r.on_hardware
             row: dict[str, object] = {"label": r.label, "concurrency": r.concurrency, "repeat": r.repeat}
+            if len(workloads) > 1:
+                row["workload"] = r.workload_text or "–"
             row["output tok/s"] = s.output_throughput
             if clock.is_twin:
                 row[f"output tok/s ({TWIN_CLOCK})"] = r.summary.output_throughput
@@ -514,6 +517,8 @@ class BenchRuns(Sequence[BenchResult]):
             )
             rows.append(row)
         note = hv.p(clock.note()) if clock.is_twin else ""
+        if len(workloads) == 1 and (only := workloads.pop()):
+            note = hv.p(f"workload: {only}") + note
         state: hv.State = "fail" if self.partial or any(r.summary.completed == 0 for r in self._runs) else "ok"
         return hv.card(plural(len(self), "benchmark run"), hv.table(rows, digits=1) + note, state=state)
 
