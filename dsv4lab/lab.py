@@ -33,7 +33,7 @@ import pandas as pd
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.config import ServerConfig
-from dsv4lab.errors import ConfigError, Interrupted, StaleServerError
+from dsv4lab.errors import ConfigError, Interrupted, StaleServerError, UnknownNameError
 from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.hosts import Host, LocalHost, open_host
@@ -148,8 +148,8 @@ class Lab:
 
                 cfg = load(config)
             else:
-                raise ConfigError(
-                    "config", config, f"a preset ({', '.join(PRESETS)}), a .toml/.json file, or a ServerConfig"
+                raise UnknownNameError(
+                    "preset", config, PRESETS, field="config", also="a .toml/.json file, or a ServerConfig"
                 )
         elif isinstance(config, ServerConfig):
             cfg = config

@@ -20,7 +20,7 @@ import altair as alt
 import pandas as pd
 
 from dsv4lab.config import field_names
-from dsv4lab.errors import ConfigError, DSV4LabError
+from dsv4lab.errors import ConfigError, DSV4LabError, UnknownNameError
 from dsv4lab.experiment import parse_overrides, write_json_atomic
 from dsv4lab.nbrun import check_parameters, find_notebook, new_run_dir, notebook_parameters, run_notebook
 
@@ -109,19 +109,18 @@ def run_sweep(
     fields = set(field_names())
     base = dict(parameters or {})
     combos = expand_grid(grid) if grid is not None else [dict(p) for p in points or ()]
-    for key in {k for c in combos for k in c} | set(base):
+    for key in sorted({k for c in combos for k in c} | set(base)):
         if key not in declared and not (key in fields and "overrides" in declared):
-            raise ConfigError(
-                f"sweep parameter {key} of {nb.stem}",
-                "",
-                f"one of its parameters ({', '.join(declared)}) or a config field",
+            known = [*declared, *(sorted(fields) if "overrides" in declared else ())]
+            raise UnknownNameError(
+                "sweep parameter", key, known, field=f"sweep parameter {key} of {nb.stem}", where=f" of {nb.stem}"
             )
     for values in combos:  # every point checked before the first runs: a bad value in the last is refused now
         try:
             check_parameters(nb, _point_parameters(base, values, declared))
         except ConfigError as exc:
             where = " ".join(f"{k}={v}" for k, v in values.items())
-            raise ConfigError(f"sweep point {where}: {exc.field}", exc.value, exc.allowed, detail=exc.detail) from None
+            raise exc.within(f"sweep point {where}: ") from None
     folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
     results: list[SweepPoint] = []
     for values in combos:

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dsv4lab.argparsing import ArgumentParser
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.metrics import SLO
 from dsv4lab.bench.workload import (
@@ -60,7 +61,7 @@ DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 128
 
 
 def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog=prog,
         description="Benchmark a running SGLang (or OpenAI-compatible) server: by URL, or by the run directory "
         "`dsv4lab launch` made (over an SSH tunnel with --host). Options named as in SGLang's bench_serving mean "
