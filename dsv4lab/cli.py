@@ -471,7 +471,9 @@ def _add_notebook_options(p: argparse.ArgumentParser, *, help_p: str = "a notebo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="dsv4lab", description=__doc__.splitlines()[0] if __doc__ else None)
+    import dsv4lab
+
+    parser = ArgumentParser(prog="dsv4lab", description=(dsv4lab.__doc__ or "").splitlines()[0] or None)
     parser.add_argument("--version", action="version", version=f"dsv4lab {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
 
@@ -503,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     fields.set_defaults(func=_cmd_config_fields)
 
     be = verbs.add_parser(
-        "bench", help="load-benchmark a server (see `dsv4lab bench --help`)", add_help=False, prefix_chars="\0"
+        "bench", help="load-benchmark a server (see dsv4lab bench --help)", add_help=False, prefix_chars="\0"
     )
     be.add_argument("bench_args", nargs=argparse.REMAINDER)
     be.set_defaults(func=_cmd_bench)
