@@ -24,6 +24,7 @@ from typing import Any
 
 import tomli_w
 
+from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError, UnknownNameError
 
 if sys.version_info >= (3, 11):
@@ -136,7 +137,8 @@ class SpeculativeConfig:
                 raise ConfigError(
                     f"{where}.algorithm",
                     None,
-                    f"{', '.join(set_fields)} need(s) an algorithm, one of {', '.join(SPECULATIVE_ALGORITHMS)}",
+                    f"{', '.join(set_fields)} {plural(len(set_fields), 'needs', 'need', number=False)} an algorithm, "
+                    f"one of {', '.join(SPECULATIVE_ALGORITHMS)}",
                 )
             return
         if self.algorithm not in SPECULATIVE_ALGORITHMS:

@@ -33,6 +33,7 @@ import pandas as pd
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.config import ServerConfig
+from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError, Interrupted, StaleServerError, UnknownNameError
 from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
@@ -539,7 +540,7 @@ class Lab:
 
     def __repr__(self) -> str:
         where = f"{self.host.name!r}, target={self.target!r}, hardware={self.hardware.name!r}"
-        return f"Lab({where}, {len(self.servers)} servers)"
+        return f"Lab({where}, {plural(len(self.servers), 'server')})"
 
     def _repr_html_(self) -> str:
         facts: list[tuple[str, object]] = [

@@ -70,7 +70,7 @@ def test_bad_values_name_field_value_and_rule(changes: dict[str, Any], field: st
 
 
 SPEC_BAD: list[tuple[dict[str, Any], str, str]] = [
-    ({"eagle_topk": 1}, "speculative.algorithm", "need(s) an algorithm"),
+    ({"eagle_topk": 1}, "speculative.algorithm", "eagle_topk needs an algorithm"),
     ({"algorithm": "MEDUSA"}, "speculative.algorithm", "allowed: EAGLE"),
     (
         {"algorithm": "EAGLE", "num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 3},

@@ -45,6 +45,7 @@ from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
 from dsv4lab.bench.workload import _levels as _levels  # kept importable from here (ab, experiment)
 from dsv4lab.blocking import run_blocking
+from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.hosts import Host
 from dsv4lab.progress import Progress
@@ -290,7 +291,7 @@ async def run_async(
         if load.warmup:
             warm = _warmup_specs(workload, load.warmup)
             cap = min(load.warmup, load.concurrency or load.warmup)
-            reporter.update(f"{desc} warmup", fraction=0.0, detail=f"{len(warm)} request(s)")
+            reporter.update(f"{desc} warmup", fraction=0.0, detail=plural(len(warm), "request"))
             warm_payloads = _payloads(endpoint, warm, options, model)
             await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _: None)
             await state.watch.settle()
@@ -315,10 +316,10 @@ async def run_async(
             ]
         else:
             total = len(specs)
-            reporter.update(desc, fraction=0.0, detail=f"0/{total} requests")
+            reporter.update(desc, fraction=0.0, detail=f"0/{total} {plural(total, 'request', number=False)}")
 
             def on_done(k: int) -> None:
-                reporter.update(fraction=k / total, detail=f"{k}/{total} requests")
+                reporter.update(fraction=k / total, detail=f"{k}/{total} {plural(total, 'request', number=False)}")
 
             records = await state.execute(specs, payloads, schedule, load.concurrency, origin, on_done)
             # The last requests failing can end the run while the probe they started is still asking: its
@@ -383,10 +384,16 @@ def _payloads(
 def _finish(reporter: Progress, result: BenchResult) -> None:
     s = result.summary
     if result.partial:
-        reporter.finish(f"PARTIAL: {result.abort_reason}", "fail", detail=f"{s.completed}/{s.total} requests ok")
+        reporter.finish(
+            f"PARTIAL: {result.abort_reason}",
+            "fail",
+            detail=f"{s.completed}/{s.total} {plural(s.total, 'request', number=False)} ok",
+        )
     else:
         reporter.finish(
-            f"done: {s.output_throughput:,.1f} output tok/s", "ok", detail=f"{s.completed}/{s.total} requests ok"
+            f"done: {s.output_throughput:,.1f} output tok/s",
+            "ok",
+            detail=f"{s.completed}/{s.total} {plural(s.total, 'request', number=False)} ok",
         )
 
 
@@ -474,7 +481,7 @@ def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:
         _finish(reporter, runs[-1])
     else:
         best = max((x.summary.output_throughput for x in runs), default=0.0)
-        reporter.finish(f"done: {len(runs)} runs, best {best:,.1f} output tok/s", "ok")
+        reporter.finish(f"done: {plural(len(runs), 'run')}, best {best:,.1f} output tok/s", "ok")
 
 
 def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "benchmark", progress: Progress | None = None) -> T:
@@ -578,7 +585,7 @@ def sweep(
     try:
         run_sync(coro, what="sweep", progress=reporter)
     except KeyboardInterrupt as exc:
-        reporter.finish(f"stopped by the user after {len(runs)} run(s)", "fail")
+        reporter.finish(f"stopped by the user after {plural(len(runs), 'run')}", "fail")
         reporter.tick()
         raise Interrupted(str(exc) or "sweep stopped by the user", BenchRuns(runs)) from None
     _finish_sweep(reporter, runs)

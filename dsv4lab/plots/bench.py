@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dsv4lab.bench import ABComparison, BenchResult, t_quantile
+from dsv4lab.counts import plural
 from dsv4lab.errors import PlotError
 from dsv4lab.plots.theme import CONFIG_COLORS, OKABE_ITO, WIDTH
 from dsv4lab.roofline import Roofline
@@ -311,12 +312,12 @@ def request_timeline(
     s = result.summary
     c = "unlimited" if result.concurrency is None else str(result.concurrency)
     if title is None:
-        title = f"{result.label or 'Run'}: {s.completed} of {s.total} requests at concurrency {c}"
+        title = f"{result.label or 'Run'}: {s.completed} of {plural(s.total, 'request')} at concurrency {c}"
     subtitle = (
         f"median time to first token {s.ttft_ms.median / scale:,.0f} ms, end to end {s.e2e_ms.median / scale:,.0f} ms"
     )
     if len(d) > n:
-        subtitle += f"; every {len(d) / n:.1f}th of {len(d)} requests shown"
+        subtitle += f"; every {len(d) / n:.1f}th of {plural(len(d), 'request')} shown"
     if scale != 1.0:
         subtitle += f"; twin times / {scale:g} = modelled hardware"
     chart_out: alt.LayerChart = alt.layer(chart).properties(

@@ -20,6 +20,7 @@ from dsv4lab.budget import (
     oom_point,
     phases_from_log,
 )
+from dsv4lab.counts import plural
 from dsv4lab.errors import PlotError
 from dsv4lab.logs.source import LogSource
 from dsv4lab.memory import Preflight
@@ -308,7 +309,7 @@ def memory_timeline(
         start = f" from {t0.strftime('%Y-%m-%d %H:%M:%S')} (host time, UTC{_offset(t0)})"
     interval = samples.attrs.get("interval_ms")
     every = f" every {interval} ms" if interval else ""
-    subtitle = f"nvidia-smi on the server host{every}{start}; {len(gpu_names)} GPU(s)"
+    subtitle = f"nvidia-smi on the server host{every}{start}; {plural(len(gpu_names), 'GPU')}"
     chart = alt.layer(*layers).resolve_scale(color="independent", strokeDash="independent")
     out: alt.LayerChart = chart.properties(
         width=WIDTH, height=320, title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
