@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4lab.config import ServerConfig, SpeculativeConfig
+from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError
 from dsv4lab.hardware import HARDWARE, HardwareProfile, ModelProfile, model_profile
 from dsv4lab.logs import GraphCapture, ServerArgs, parse_log
@@ -52,7 +53,7 @@ class Calibration:
             parts.append(
                 f"draft extend {g.draft_extend_a_gib:.2f} + {g.draft_extend_b_gib * 1024:.1f} MiB per bs x token"
             )
-        return f"fitted from {len(self.points)} capture line(s): " + "; ".join(parts)
+        return f"fitted from {plural(len(self.points), 'capture line')}: " + "; ".join(parts)
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv

@@ -25,7 +25,7 @@ from typing import Any
 from dsv4lab import htmlview as hv
 from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.campaignlock import campaign_lock
-from dsv4lab.errors import ConfigError, Interrupted, NotebookError
+from dsv4lab.errors import ConfigError, Interrupted, NotebookError, UnknownNameError
 from dsv4lab.experiment import read_results, write_json_atomic
 from dsv4lab.measurements import Measurement, by_config
 from dsv4lab.nbrun import (
@@ -119,13 +119,20 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
         declared = notebook_parameters(nb)
         for key in (*step.parameters, *step.inputs):
             if key not in declared:
-                raise ConfigError(f"step {step.id}: parameter {key}", "", f"one of {nb.stem}'s: {', '.join(declared)}")
+                where = f" of {nb.stem}"
+                raise UnknownNameError("parameter", key, declared, field=f"parameter {key}{where}", where=where).within(
+                    f"step {step.id}: "
+                )
         earlier = {s.id for s in steps}
         for key, ref in step.inputs.items():
             if ref.split(".", 1)[0] not in earlier:
-                raise ConfigError(
-                    f"step {step.id}: input {key}", ref, f"<earlier step>.<figure>; earlier steps: {sorted(earlier)}"
-                )
+                raise UnknownNameError(
+                    "earlier step",
+                    ref.split(".", 1)[0],
+                    [s.id for s in steps],
+                    field=f"input {key}",
+                    where=f" in {ref!r} (inputs are <earlier step>.<figure>)",
+                ).within(f"step {step.id}: ")
         steps.append(step)
     if len({s.id for s in steps}) != len(steps):
         raise ConfigError("campaign.step.id", [s.id for s in steps], "distinct step ids")
@@ -152,13 +159,15 @@ def check_campaign(campaign: Campaign) -> None:
         try:
             check_parameters(step.notebook, params)
         except ConfigError as exc:
-            raise ConfigError(f"step {step.id}: {exc.field}", exc.value, exc.allowed, detail=exc.detail) from None
+            raise exc.within(f"step {step.id}: ") from None
     unused = sorted(set(campaign.parameters) - used)
     if unused:
-        raise ConfigError(
-            f"campaign parameter {unused[0]}",
-            campaign.parameters[unused[0]],
-            f"a parameter one of its notebooks declares: {', '.join(sorted(used))}",
+        raise UnknownNameError(
+            "campaign parameter",
+            unused[0],
+            sorted(used),
+            field=f"campaign parameter {unused[0]}",
+            where=" (a campaign parameter must be one its notebooks declare)",
         )
 
 
@@ -322,11 +331,9 @@ def _step_parameters(
         source, _, name = ref.partition(".")
         value = figures.get(source, {}).get(name)
         if value is None:
-            raise ConfigError(
-                f"step {step.id}: input {key}",
-                ref,
-                f"a figure that step {source} recorded: {sorted(figures.get(source, {}))}",
-            )
+            raise UnknownNameError(
+                f"figure of step {source}", name, sorted(figures.get(source, {})), field=f"input {key}"
+            ).within(f"step {step.id}: ")
         params[key] = value
     return params
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab import __version__
+from dsv4lab.argparsing import ArgumentParser
 from dsv4lab.config import ServerConfig, diff, field_help, field_names, load
-from dsv4lab.errors import ConfigError, DSV4LabError, exit_code_for
+from dsv4lab.errors import ConfigError, DSV4LabError, UnknownNameError, exit_code_for
 from dsv4lab.presets import PRESETS, preset
 from dsv4lab.render import render_argv, render_env_file, render_launch_script, server_command
 
@@ -51,12 +52,14 @@ def _config_ref(ref: str) -> ServerConfig:
         return preset(ref)
     if Path(ref).suffix in (".toml", ".json"):
         return load(ref)
-    raise ConfigError("config", ref, f"a preset ({', '.join(PRESETS)}) or a .toml/.json file")
+    raise UnknownNameError("preset", ref, PRESETS, field="config", also="a .toml/.json file")
 
 
 def _add_config_source(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", choices=sorted(PRESETS), help="start from a story preset (default config_a)")
+    src.add_argument(
+        "--preset", metavar="NAME", help=f"start from a story preset: {', '.join(PRESETS)} (default config_a)"
+    )
     src.add_argument("--file", help="start from a .toml or .json config file")
     p.add_argument(
         "--set",
@@ -215,11 +218,13 @@ def _check_twin_options(args: argparse.Namespace) -> None:
     try:
         hardware_profile(args.hardware)
     except ConfigError as exc:
-        raise ConfigError("--hardware", args.hardware, exc.allowed) from None
+        raise exc.within("--hardware: ", field="--hardware") from None
     if args.time_scale is not None and not (math.isfinite(args.time_scale) and args.time_scale > 0):
         raise ConfigError("--time-scale", args.time_scale, "a positive number (1 = real time, 0.05 = 20x faster)")
     try:
         parse_fault(args.fault)
+    except UnknownNameError as exc:
+        raise exc.within("--fault: ", field="--fault") from None
     except ConfigError:
         raise ConfigError("--fault", args.fault, f"one of {', '.join(FAULTS)} (optionally NAME:VALUE)") from None
 
@@ -483,7 +488,9 @@ def _add_notebook_options(p: argparse.ArgumentParser, *, help_p: str = "a notebo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsv4lab", description=__doc__.splitlines()[0] if __doc__ else None)
+    import dsv4lab
+
+    parser = ArgumentParser(prog="dsv4lab", description=(dsv4lab.__doc__ or "").splitlines()[0] or None)
     parser.add_argument("--version", action="version", version=f"dsv4lab {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
 
@@ -515,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     fields.set_defaults(func=_cmd_config_fields)
 
     be = verbs.add_parser(
-        "bench", help="load-benchmark a server (see `dsv4lab bench --help`)", add_help=False, prefix_chars="\0"
+        "bench", help="load-benchmark a server (see dsv4lab bench --help)", add_help=False, prefix_chars="\0"
     )
     be.add_argument("bench_args", nargs=argparse.REMAINDER)
     be.set_defaults(func=_cmd_bench)

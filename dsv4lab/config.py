@@ -24,7 +24,8 @@ from typing import Any
 
 import tomli_w
 
-from dsv4lab.errors import ConfigError
+from dsv4lab.counts import plural
+from dsv4lab.errors import ConfigError, UnknownNameError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -136,11 +137,14 @@ class SpeculativeConfig:
                 raise ConfigError(
                     f"{where}.algorithm",
                     None,
-                    f"{', '.join(set_fields)} need(s) an algorithm, one of {', '.join(SPECULATIVE_ALGORITHMS)}",
+                    f"{', '.join(set_fields)} {plural(len(set_fields), 'needs', 'need', number=False)} an algorithm, "
+                    f"one of {', '.join(SPECULATIVE_ALGORITHMS)}",
                 )
             return
         if self.algorithm not in SPECULATIVE_ALGORITHMS:
-            raise ConfigError(f"{where}.algorithm", self.algorithm, f"one of {', '.join(SPECULATIVE_ALGORITHMS)}")
+            raise UnknownNameError(
+                "speculative algorithm", self.algorithm, SPECULATIVE_ALGORITHMS, field=f"{where}.algorithm"
+            )
         for name in ("num_steps", "eagle_topk", "num_draft_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -301,7 +305,7 @@ class ServerConfig:
         if self.context_length is not None and self.context_length < 1:
             raise ConfigError("context_length", self.context_length, "an integer >= 1, or unset")
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError("kv_cache_dtype", self.kv_cache_dtype, f"one of {', '.join(KV_CACHE_DTYPES)}")
+            raise UnknownNameError("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES, field="kv_cache_dtype")
         if self.quantization is not None and not _QUANT_NAME.match(self.quantization):
             raise ConfigError("quantization", self.quantization, "a method name such as fp8, modelopt_fp4, w8a8_fp8")
         if not 0 <= self.node_rank < self.nnodes:
@@ -386,11 +390,11 @@ class ServerConfig:
                 raise ConfigError(key, value, "a string (environment values are text)")
             if head == "speculative" and tail:
                 if tail not in _type_hints(SpeculativeConfig):
-                    raise ConfigError(key, value, f"one of {', '.join(field_names())}")
+                    raise UnknownNameError("config field", key, field_names(), field=key)
                 data["speculative"] = {**data.get("speculative", {}), tail: value}
                 continue
             if key not in _type_hints(ServerConfig):
-                raise ConfigError(key, value, f"one of {', '.join(field_names())} (or env.NAME)")
+                raise UnknownNameError("config field", key, field_names(), field=key, also="env.NAME")
             if key == "speculative" and isinstance(value, SpeculativeConfig):
                 value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
             data[key] = list(value) if isinstance(value, tuple) else value
@@ -432,7 +436,7 @@ class ServerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(unknown[0], data[unknown[0]], f"a known field: {', '.join(sorted(known))}")
+            raise UnknownNameError("config field", unknown[0], sorted(known), field=unknown[0])
         if "model_path" not in data:
             raise ConfigError("model_path", None, "required: a Hugging Face id or a path on the server host")
         kwargs = dict(data)
@@ -493,7 +497,7 @@ def field_help(name: str) -> str:
     fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
     if head in fields:
         return str(fields[head].metadata["help"])
-    raise ConfigError("field", name, f"one of {', '.join(field_names())}")
+    raise UnknownNameError("config field", name, field_names())
 
 
 # -- diff -------------------------------------------------------------------------------------------------
@@ -611,7 +615,7 @@ def _spec_from_dict(data: Any) -> SpeculativeConfig:
     known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"speculative.{unknown[0]}", data[unknown[0]], f"a known field: {', '.join(sorted(known))}")
+        raise UnknownNameError("speculative field", unknown[0], sorted(known), field=f"speculative.{unknown[0]}")
     _check_types(SpeculativeConfig(), data, prefix="speculative.")
     return SpeculativeConfig(**data)
 
@@ -785,7 +789,7 @@ def _apply_override(data: dict[str, Any], key: str, raw: str) -> None:
     if head == "speculative" and tail:
         hints = _type_hints(SpeculativeConfig)
         if tail not in hints:
-            raise ConfigError(key, raw, f"one of {', '.join(field_names())}")
+            raise UnknownNameError("config field", key, field_names(), field=key)
         spec = dict(data.get("speculative", {}))
         value = _parse_scalar(key, raw, hints[tail])
         if value is None:
@@ -799,7 +803,7 @@ def _apply_override(data: dict[str, Any], key: str, raw: str) -> None:
         return
     hints = _type_hints(ServerConfig)
     if key not in hints or key in ("speculative", "env"):
-        raise ConfigError(key, raw, f"one of {', '.join(field_names())} (or env.NAME)")
+        raise UnknownNameError("config field", key, field_names(), field=key, also="env.NAME")
     value = _parse_scalar(key, raw, hints[key])
     if value is None:
         data.pop(key, None)

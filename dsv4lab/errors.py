@@ -9,6 +9,7 @@ The classes split by what the caller can do about them, and each carries the CLI
 
     DSV4LabError                    1  something dsv4lab refused or could not do
     ├── ConfigError                 2  a value is invalid: fix the input (a usage error)
+    │   └── UnknownNameError        2  a name typed is not one dsv4lab knows (did you mean ...?)
     ├── VersionError                2  an SGLang version cannot be read or lacks a setting
     │   └── UnsupportedFlagError    2
     ├── LogError                    2  a log cannot be read as text
@@ -25,6 +26,11 @@ The classes split by what the caller can do about them, and each carries the CLI
     ├── PlotError                   9  a chart could not be built or rendered
     └── NotebookError              10  an experiment notebook failed (its report is still written)
 
+Every name a user types — a preset, a config field, a notebook or one of its parameters, a hardware
+profile, a twin fault, a campaign step — is checked against the names dsv4lab knows through
+:class:`UnknownNameError`, which offers the nearest one (difflib), so ``config_bb`` or ``mem_frac`` costs
+one glance, not a search through the docs.
+
 A server that crashes, stalls or times out is *not* an error: it is a result (``Readiness``) to record
 and show. Stop in a notebook (Ctrl-C in a script) raises :class:`Interrupted`, a ``KeyboardInterrupt``
 that carries the partial result, so the cell stops and nothing measured is lost (exit status 130).
@@ -32,6 +38,8 @@ that carries the partial result, so the cell stops and nothing measured is lost 
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 __all__ = [
@@ -51,9 +59,12 @@ __all__ = [
     "ProfileError",
     "RemoteBenchError",
     "StaleServerError",
+    "UnknownNameError",
     "UnsupportedFlagError",
     "VersionError",
+    "closest_name",
     "exit_code_for",
+    "unknown_name_message",
 ]
 
 
@@ -81,6 +92,73 @@ class ConfigError(DSV4LabError, ValueError):
         if detail:
             text += f" ({detail})"
         super().__init__(text)
+
+    def within(self, prefix: str, *, field: str = "") -> ConfigError:
+        """The same error told by a caller that knows where it happened (``step d: ``, ``sweep point x=1: ``):
+        the message prefixed, the field prefixed (or ``field``), the class (an :class:`UnknownNameError` with
+        its suggestion) kept."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.field = field or prefix + self.field
+        new.args = (prefix + str(self),)
+        return new
+
+
+def _folded(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def closest_name(name: str, choices: Iterable[str]) -> str | None:
+    """The known name a mistyped one most likely meant (``config_bb`` -> ``config_b``, ``mem_frac`` ->
+    ``mem_fraction_static``, ``Mem-Fraction-Static`` -> ``mem_fraction_static``), or None when none is near.
+
+    difflib's ratio, on names folded to lower case with ``-`` as ``_``; a name that is the start of exactly
+    one known name (a truncated ``mem_frac``, whose ratio is low because the known name is long) counts too.
+    """
+    folded = {_folded(c): c for c in choices}
+    typed = _folded(str(name))
+    if not typed or not folded:
+        return None
+    if typed in folded:
+        return folded[typed]
+    near = difflib.get_close_matches(typed, list(folded), n=1, cutoff=0.7)
+    if near:
+        return folded[near[0]]
+    starting = [c for f, c in folded.items() if f.startswith(typed)]
+    return starting[0] if len(starting) == 1 and len(typed) >= 3 else None
+
+
+def unknown_name_message(kind: str, name: Any, choices: Iterable[str], *, where: str = "", also: str = "") -> str:
+    """``unknown preset 'config_bb' — did you mean 'config_b'? (allowed: config_a, config_b, config_b_fixed)``:
+    the one wording of an unknown name, for errors that are not a :class:`UnknownNameError` (argparse's,
+    a :class:`BenchError`)."""
+    return str(UnknownNameError(kind, name, choices, where=where, also=also))
+
+
+class UnknownNameError(ConfigError):
+    """A name the user typed (a preset, a config field, a notebook, a notebook parameter, a hardware
+    profile, a twin fault, a campaign step, an SGLang release) is not one dsv4lab knows.
+
+    The message offers the nearest known name and lists them all; ``suggestion`` and ``choices`` carry the
+    same for a widget or a caller that wants to offer the fix. ``allowed`` holds both, so an error that
+    re-raises this one under another field name (``parameter preset of 04_config_b_fixed``) keeps them.
+    """
+
+    def __init__(
+        self, kind: str, name: Any, choices: Iterable[str], *, field: str = "", where: str = "", also: str = ""
+    ) -> None:
+        self.kind = kind
+        self.name = str(name)
+        self.choices = tuple(choices)
+        self.suggestion = closest_name(self.name, self.choices)
+        listed = ", ".join(self.choices) + (f"; or {also}" if also else "")
+        hint = f"did you mean {self.suggestion!r}? " if self.suggestion else ""
+        self.field = field or kind
+        self.value = name
+        self.allowed = f"{hint}(allowed: {listed})"
+        self.detail = ""
+        head = f"unknown {kind} {self.name!r}{where}"
+        DSV4LabError.__init__(self, f"{head} — {self.allowed}" if hint else f"{head} {self.allowed}")
 
 
 class VersionError(DSV4LabError, ValueError):

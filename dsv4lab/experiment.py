@@ -23,7 +23,7 @@ from typing import Any
 from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.bench.results import to_jsonable
 from dsv4lab.config import ServerConfig
-from dsv4lab.errors import ConfigError
+from dsv4lab.errors import ConfigError, UnknownNameError
 
 __all__ = [
     "RESULTS_FILE",
@@ -227,6 +227,8 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
 
     def named(name: str, exc: DSV4LabError) -> ConfigError:
         """``exc`` under the parameter's name; a config field it names is kept in the message."""
+        if isinstance(exc, UnknownNameError):
+            return exc.within(f"parameter {name}{where}: ", field=f"parameter {name}{where}")
         if isinstance(exc, ConfigError):
             inner = exc.field.removeprefix("parameter ")
             allowed = exc.allowed if inner == name else f"{inner}={exc.value!r} is not valid: {exc.allowed}"
@@ -250,7 +252,7 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
         except DSV4LabError as exc:
             raise named("sglang_version", exc) from None
     if exp.preset not in PRESETS:
-        raise ConfigError(f"parameter preset{where}", exp.preset, f"a preset: {', '.join(PRESETS)}")
+        raise named("preset", UnknownNameError("preset", exp.preset, PRESETS))
     if not {"preset", "overrides", "fix"} & set(params):
         return _check_run_dirs(exp, params, where)  # the notebook builds its own config: nothing to apply
     config = get_preset(exp.preset)

@@ -18,13 +18,13 @@ import pandas as pd
 
 from dsv4lab.bench import ABComparison, BenchResult
 from dsv4lab.config import ServerConfig
+from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError
 from dsv4lab.experiment import read_results
 from dsv4lab.hardware import HardwareProfile
 from dsv4lab.logs import Diagnosis
 from dsv4lab.memory import DEFAULT_MARGIN_GIB, Preflight, preflight, suggest
 from dsv4lab.tables import Table, table
-from dsv4lab.units import plural
 
 __all__ = [
     "FixCandidate",

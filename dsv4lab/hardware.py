@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from dsv4lab.errors import ConfigError
+from dsv4lab.errors import ConfigError, UnknownNameError
 
 __all__ = [
     "HARDWARE",
@@ -330,7 +330,7 @@ def hardware_profile(name: str) -> HardwareProfile:
     try:
         return HARDWARE[name]
     except KeyError:
-        raise ConfigError("hardware", name, f"one of {', '.join(HARDWARE)}") from None
+        raise UnknownNameError("hardware profile", name, HARDWARE, field="hardware") from None
 
 
 def known_model(name_or_path: str) -> ModelProfile | None:
@@ -352,6 +352,9 @@ def model_profile(name_or_path: str) -> ModelProfile:
     for m in MODELS.values():
         if tail in (m.name, m.hf_id.lower().rsplit("/", 1)[-1]):
             return m
-    raise ConfigError(
-        "model", name_or_path, f"a known model ({', '.join(m.hf_id for m in MODELS.values())}) or its path"
+    raise UnknownNameError(
+        "model",
+        name_or_path,
+        [m.hf_id for m in MODELS.values()],
+        also="a path ending in one of their names",
     )

@@ -34,7 +34,8 @@ import pandas as pd
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.config import ServerConfig, diff
-from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError
+from dsv4lab.counts import plural
+from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError, UnknownNameError
 from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.hosts import Host, LocalHost, open_host
@@ -44,7 +45,7 @@ from dsv4lab.memory import Preflight, Suggestion, preflight, suggest
 from dsv4lab.presets import KERNEL_CONFIG_DIR, PRESETS, preset
 from dsv4lab.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server
 from dsv4lab.tables import Table, table
-from dsv4lab.units import REAL, Clock, plural
+from dsv4lab.units import REAL, Clock
 from dsv4lab.versions import resolve_release
 from dsv4lab.watch import Readiness, Verdict
 
@@ -576,7 +577,7 @@ class Lab:
 
     def __repr__(self) -> str:
         where = f"{self.host.name!r}, target={self.target!r}, hardware={self.hardware.name!r}"
-        return f"Lab({where}, {len(self.servers)} servers)"
+        return f"Lab({where}, {plural(len(self.servers), 'server')})"
 
     def _repr_html_(self) -> str:
         facts: list[tuple[str, object]] = [
@@ -602,7 +603,7 @@ def _resolve(config: ServerConfig | str, overrides: Mapping[str, Any], *, arg: s
 
             cfg = load(config)
         else:
-            raise ConfigError(arg, config, f"a preset ({', '.join(PRESETS)}), a .toml/.json file, or a ServerConfig")
+            raise UnknownNameError("preset", config, PRESETS, field=arg, also="a .toml/.json file, or a ServerConfig")
     elif isinstance(config, ServerConfig):
         cfg = config
     else:

@@ -6,6 +6,12 @@ network. So the server started here binds 127.0.0.1 (reach it from elsewhere thr
 fresh random token (passed in its environment, not on its command line where ``ps`` shows it to every
 user), and runs with ``--allow-root`` only when it is root (Jupyter refuses root otherwise).
 
+Nothing in it reaches out of this machine on its own. JupyterLab's announcements plugin (the "get notified
+about official Jupyter news?" prompt, whose Yes fetches a feed from the internet, and the update check) and
+its extension manager panel (which offers to search PyPI) are switched off and locked by a page config
+shipped in ``dsv4lab/jupyter_config``, first on ``JUPYTER_CONFIG_PATH`` (below the user's own config); on
+the server side there is no news URL, no update check, and the extension manager is read-only.
+
 Without ``--notebooks`` it works on a copy of the shipped notebooks in ``./dsv4lab-notebooks`` (made 0700;
 files already there are left alone, so edits survive the next start), never on the installed package.
 """
@@ -21,17 +27,41 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4lab.errors import ConfigError, DSV4LabError
 
-__all__ = ["LOOPBACK", "LabServer", "free_port", "lab_argv", "notebook_folder", "run_lab", "start_lab"]
+__all__ = [
+    "DISABLED_PLUGINS",
+    "LAB_CONFIG_DIR",
+    "LOOPBACK",
+    "LabServer",
+    "free_port",
+    "lab_argv",
+    "lab_env",
+    "notebook_folder",
+    "run_lab",
+    "start_lab",
+]
 
 #: The only address the server listens on.
 LOOPBACK = "127.0.0.1"
 #: Where the shipped notebooks are copied when no folder is named.
 DEFAULT_FOLDER = "dsv4lab-notebooks"
+#: JupyterLab plugins switched off (and locked off): the news prompt and update check, and the extension
+#: manager's panel (whose "this panel needs to fetch data from web services, activate?" would ask for PyPI).
+DISABLED_PLUGINS = ("@jupyterlab/apputils-extension:announcements", "@jupyterlab/extensionmanager-extension:plugin")
+#: A Jupyter config dir of dsv4lab's: ``labconfig/page_config.json`` disables and locks :data:`DISABLED_PLUGINS`.
+LAB_CONFIG_DIR = Path(__file__).resolve().parent / "jupyter_config"
+#: Server settings that keep JupyterLab from fetching anything: no news feed, no update check, and an
+#: extension manager that lists the installed extensions instead of searching PyPI.
+_OFFLINE_ARGS = (
+    "--LabApp.news_url=None",
+    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    "--LabApp.extension_manager=readonly",
+)
 
 
 def notebook_folder(path: str | Path | None) -> Path:
@@ -58,7 +88,8 @@ def free_port() -> int:
 
 
 def lab_argv(port: int, folder: Path, *, python: str = sys.executable) -> list[str]:
-    """JupyterLab's command line: loopback only, this port only, the folder, no browser; no token here."""
+    """JupyterLab's command line: loopback only, this port only, the folder, no browser, nothing fetched from
+    the internet; no token here."""
     argv = [
         python,
         "-m",
@@ -69,10 +100,18 @@ def lab_argv(port: int, folder: Path, *, python: str = sys.executable) -> list[s
         "--ServerApp.port_retries=0",
         f"--ServerApp.root_dir={folder}",
         "--ServerApp.allow_remote_access=False",
+        *_OFFLINE_ARGS,
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")
     return argv
+
+
+def lab_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with dsv4lab's Jupyter config dir first on ``JUPYTER_CONFIG_PATH`` (the user's own config
+    dir still outranks it, as Jupyter always puts that first)."""
+    paths = [str(LAB_CONFIG_DIR), *(p for p in base.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if p)]
+    return {**base, "JUPYTER_CONFIG_PATH": os.pathsep.join(paths)}
 
 
 @dataclass
@@ -115,7 +154,7 @@ def start_lab(
     folder = notebook_folder(notebooks)
     chosen = port if port is not None else free_port()
     token = secrets.token_hex(24)
-    child_env = {**os.environ, **(env or {}), "JUPYTER_TOKEN": token}
+    child_env = {**lab_env({**os.environ, **(env or {})}), "JUPYTER_TOKEN": token}
     proc = subprocess.Popen(
         lab_argv(chosen, folder),
         env=child_env,

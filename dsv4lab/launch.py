@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dsv4lab.config import ServerConfig
+from dsv4lab.counts import plural
 from dsv4lab.errors import DSV4LabError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, KillReport, LocalHost
 from dsv4lab.render import Target, render_argv, render_env_file, render_launch_script
@@ -589,7 +590,10 @@ def launch_nodes(
     matters when several "nodes" share one machine (a rehearsal on the twin).
     """
     if len(hosts) != config.nnodes:
-        raise LaunchError(f"config has nnodes={config.nnodes} but {len(hosts)} host(s) were given")
+        raise LaunchError(
+            f"config has nnodes={config.nnodes} but {plural(len(hosts), 'host')} "
+            f"{plural(len(hosts), 'was', number=False)} given"
+        )
     addr = config.dist_init_addr or f"{node0_address or '127.0.0.1'}:{dist_port}"
     handles: list[ServerHandle] = []
     try:

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dsv4lab.units import fmt_tok_s, plural
+from dsv4lab.counts import plural
+from dsv4lab.units import fmt_tok_s
 
 __all__ = ["Measurement", "by_config", "headline", "measurements"]
 

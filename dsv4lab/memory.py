@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4lab.config import ServerConfig, SpeculativeConfig
+from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError
 from dsv4lab.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.versions import SGLangRelease, resolve_release
@@ -248,7 +249,7 @@ class Preflight:
         ]
         for g in self.graphs:
             lines.append(
-                f"{g.role} {g.runner} graphs: max bs {g.max_bs} x {g.tokens_per_request} token(s) per request "
+                f"{g.role} {g.runner} graphs: max bs {g.max_bs} x {plural(g.tokens_per_request, 'token')} per request "
                 f"-> {g.gib:.2f} GiB."
             )
         need = (
@@ -391,7 +392,9 @@ def preflight(
     gpus_needed = config.tp * config.dp // config.nnodes
     if gpus_needed > hw.count:
         raise ConfigError(
-            "tp", config.tp, f"at most {hw.count} GPUs per node on {hw.name} (tp x dp / nnodes = {gpus_needed})"
+            "tp",
+            config.tp,
+            f"at most {plural(hw.count, 'GPU')} per node on {hw.name} (tp x dp / nnodes = {gpus_needed})",
         )
     s = resolve_settings(config, hw, m, release)
     spec = s.speculative is not None

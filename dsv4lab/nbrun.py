@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab.atomicfile import write_text_atomic
-from dsv4lab.errors import ConfigError, DSV4LabError, Interrupted, NotebookError
+from dsv4lab.errors import ConfigError, DSV4LabError, Interrupted, NotebookError, UnknownNameError
 from dsv4lab.experiment import RESULTS_FILE, check_experiment_parameters, read_results, write_json_atomic
 from dsv4lab.report import redact_notebook_file
 from dsv4lab.secrets import collect_secrets
@@ -133,7 +133,7 @@ def find_notebook(name: str | Path) -> Path:
     numbered = [p for s, p in shipped.items() if s.split("_", 1)[0] == stem]
     if len(numbered) == 1:
         return numbered[0]
-    raise ConfigError("notebook", str(name), f"a .ipynb file or one of {', '.join(sorted(shipped))}")
+    raise UnknownNameError("notebook", str(name), sorted(shipped), also="a .ipynb file")
 
 
 def notebook_parameters(path: str | Path) -> dict[str, Parameter]:
@@ -175,9 +175,8 @@ def check_parameters(path: str | Path, given: Mapping[str, Any]) -> dict[str, An
     for name, value in given.items():
         p = declared.get(name)
         if p is None:
-            raise ConfigError(
-                f"parameter {name} of {nb_path.stem}", value, f"one of its parameters: {', '.join(declared)}"
-            )
+            where = f" of {nb_path.stem}"
+            raise UnknownNameError("parameter", name, declared, field=f"parameter {name}{where}", where=where)
         out[name] = _convert(nb_path.stem, p, value)
     defaults = {n: _literal(p.default) if _literal(p.default) is not None else p.default for n, p in declared.items()}
     check_experiment_parameters({**defaults, **out}, notebook=nb_path.stem)  # what they name, before a run dir

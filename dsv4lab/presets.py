@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dsv4lab.config import ServerConfig, SpeculativeConfig
-from dsv4lab.errors import ConfigError
+from dsv4lab.errors import UnknownNameError
 
 __all__ = ["PRESETS", "config_a", "config_b", "config_b_fixed", "preset"]
 
@@ -56,4 +56,4 @@ def preset(name: str) -> ServerConfig:
     try:
         return PRESETS[name]()
     except KeyError:
-        raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}") from None
+        raise UnknownNameError("preset", name, PRESETS) from None

@@ -25,6 +25,7 @@ from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.config import ServerConfig
+from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted, ProfileError
 from dsv4lab.experiment import write_json_atomic
 from dsv4lab.hosts import KillReport, PortForward
@@ -33,7 +34,7 @@ from dsv4lab.launch import ServerHandle
 from dsv4lab.logs import Diagnosis
 from dsv4lab.secrets import collect_secrets, redact_text
 from dsv4lab.tables import Table, table
-from dsv4lab.units import fmt_tok_s, plural
+from dsv4lab.units import fmt_tok_s
 from dsv4lab.watch import VERDICT_STATE, Readiness, Verdict, wait_ready
 
 if TYPE_CHECKING:
@@ -200,7 +201,8 @@ class Server:
         if cut and self._connection_drops() > drops:
             warnings.warn(
                 f"the SSH connection to {self.handle.host.name} dropped during the benchmark and was re-opened; "
-                f"{cut} request(s) were cut (counted as incomplete or failed, the rest measured normally). "
+                f"{plural(cut, 'request')} {plural(cut, 'was', number=False)} cut (counted as incomplete or failed, "
+                "the rest measured normally). "
                 "Rerun for clean numbers.",
                 stacklevel=2,
             )
@@ -446,4 +448,6 @@ class LogTail:
         return str(self)
 
     def _repr_html_(self) -> str:
-        return hv.card(f"{self.name}: server.log (last {len(self.lines)} lines)", hv.fold(self.lines, keep=20))
+        return hv.card(
+            f"{self.name}: server.log (last {plural(len(self.lines), 'line')})", hv.fold(self.lines, keep=20)
+        )

@@ -21,7 +21,8 @@ import altair as alt
 import pandas as pd
 
 from dsv4lab.config import field_names
-from dsv4lab.errors import ConfigError, DSV4LabError
+from dsv4lab.counts import plural
+from dsv4lab.errors import ConfigError, DSV4LabError, UnknownNameError
 from dsv4lab.experiment import parse_overrides, write_json_atomic
 from dsv4lab.nbrun import (
     check_hosts,
@@ -32,7 +33,7 @@ from dsv4lab.nbrun import (
     run_host,
     run_notebook,
 )
-from dsv4lab.units import Clock, plural
+from dsv4lab.units import Clock
 
 __all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_text", "load_points", "run_sweep"]
 
@@ -180,19 +181,18 @@ def run_sweep(
     fields = set(field_names())
     base = dict(parameters or {})
     combos = expand_grid(grid) if grid is not None else [dict(p) for p in points or ()]
-    for key in {k for c in combos for k in c} | set(base):
+    for key in sorted({k for c in combos for k in c} | set(base)):
         if key not in declared and not (key in fields and "overrides" in declared):
-            raise ConfigError(
-                f"sweep parameter {key} of {nb.stem}",
-                "",
-                f"one of its parameters ({', '.join(declared)}) or a config field",
+            known = [*declared, *(sorted(fields) if "overrides" in declared else ())]
+            raise UnknownNameError(
+                "sweep parameter", key, known, field=f"sweep parameter {key} of {nb.stem}", where=f" of {nb.stem}"
             )
     for values in combos:  # every point checked before the first runs: a bad value in the last is refused now
         try:
             check_parameters(nb, _point_parameters(base, values, declared))
         except ConfigError as exc:
             where = " ".join(f"{k}={v}" for k, v in values.items())
-            raise ConfigError(f"sweep point {where}: {exc.field}", exc.value, exc.allowed, detail=exc.detail) from None
+            raise exc.within(f"sweep point {where}: ") from None
     hosts: dict[str, str] = {}
     for values in combos:
         host = run_host(nb, _point_parameters(base, values, declared))

@@ -38,7 +38,6 @@ __all__ = [
     "fmt_pct",
     "fmt_s",
     "fmt_tok_s",
-    "plural",
 ]
 
 #: The words that name a twin-clock column or key (``"output tok/s (twin clock)"``, ``..._twin_clock``).
@@ -211,9 +210,3 @@ def fmt_pct(value: float | None, digits: int = 0, *, signed: bool = False) -> st
         return "–"
     sign = "+" if signed else ""
     return f"{float(value):{sign}.{digits}%}"  # type: ignore[arg-type]
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``plural(1, "run")`` -> ``"1 run"``, ``plural(2, "run")`` -> ``"2 runs"`` (``many`` for irregular
-    plurals)."""
-    return f"{n:,} {word if n == 1 else (many or word + 's')}"

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dsv4lab.errors import VersionError
+from dsv4lab.errors import VersionError, closest_name
 
 __all__ = [
     "RELEASES",
@@ -37,7 +37,13 @@ def parse_version(text: str) -> tuple[int, int, int]:
     """``"0.5.4.post3"`` -> ``(0, 5, 4)``; post/rc/dev suffixes do not change which flags exist."""
     m = _VERSION.match(text.strip())
     if not m:
-        raise VersionError(f"SGLang version {text!r} is not a version number like 0.5.23 or 0.5.4.post3")
+        known = [r.version for r in RELEASES]
+        near = closest_name(text, known)
+        hint = f" — did you mean {near!r}?" if near else ""
+        raise VersionError(
+            f"SGLang version {text!r} is not a version number like 0.5.23 or 0.5.4.post3{hint} "
+            f"(known releases: {', '.join(known)})"
+        )
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsv4lab.labserver import DISABLED_PLUGINS  # what `dsv4lab lab` switches off: the news prompt
+
 __all__ = [
     "CHROMIUM_ARGS",
     "DISABLED_PLUGINS",
@@ -56,10 +58,6 @@ CHROMIUM_ARGS = (
     "--disable-sync",
     "--no-first-run",
 )
-
-
-#: JupyterLab plugins switched off for tests: the "get notified about Jupyter news?" prompt.
-DISABLED_PLUGINS = ("@jupyterlab/apputils-extension:announcements",)
 
 
 def chromium_path() -> str | None:

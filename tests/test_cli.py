@@ -85,7 +85,7 @@ def test_diff_presets_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "cuda_graph_max_bs: (unset) -> 16",
     ]
     assert main(["config", "diff", "config_b", "other"]) == 2
-    assert "a preset (config_a, config_b, config_b_fixed) or a .toml/.json file" in capsys.readouterr().err
+    assert "(allowed: config_a, config_b, config_b_fixed; or a .toml/.json file)" in capsys.readouterr().err
 
 
 def test_fields_lists_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -126,4 +126,4 @@ def test_preflight_set_and_hardware() -> None:
     assert "Suggested: --cuda-graph-max-bs-decode" in human.stdout
     bad = run_cli("preflight", "--preset", "config_a", "--hardware", "a100")
     assert bad.returncode == 2
-    assert bad.stderr.strip() == "Error: hardware='a100' is not valid: one of rtx-pro-6000-x8, h200-x8, tiny"
+    assert bad.stderr.strip() == "Error: unknown hardware profile 'a100' (allowed: rtx-pro-6000-x8, h200-x8, tiny)"

@@ -75,7 +75,7 @@ def test_every_parameter_has_a_type_and_help(name: str) -> None:
 
 
 def test_parameters_are_checked_before_a_kernel_starts() -> None:
-    with pytest.raises(ConfigError, match=r"parameter concurency of 01_config_a_baseline.*one of its parameters"):
+    with pytest.raises(ConfigError, match=r"parameter 'concurency' of 01_config_a_baseline.*'concurrency'"):
         check_parameters("01_config_a_baseline", {"concurency": [1, 16]})
     with pytest.raises(ConfigError, match=r"parameter time_scale of 02_config_b_mtp_launch='fast'.*a number"):
         check_parameters("02", {"time_scale": "fast"})

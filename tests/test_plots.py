@@ -323,7 +323,7 @@ def test_request_timeline_thins_a_huge_run() -> None:
     spec, _ = _check(plots.request_timeline(_result("big", 64, 500.0, n=3000), max_requests=400))
     shown = {r["request"] for rows in _datasets(spec).values() for r in rows if "request" in r}
     assert len(shown) == 400
-    assert any("of 3000 requests shown" in t for t in _titles(spec))
+    assert any("of 3,000 requests shown" in t for t in _titles(spec))
 
 
 def test_roofline_gap_puts_measured_bound_and_goal_on_one_log_axis() -> None:

@@ -22,6 +22,7 @@ from dsv4lab.bench.runner import _levels, run_async, run_sync
 from dsv4lab.bench.stats import MIN_REPEATS, ABComparison, compare
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, Workload
+from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.progress import Progress
 
@@ -170,9 +171,9 @@ async def _ab_into(
 
 def _finish(reporter: Progress, runs: ABRuns) -> None:
     if runs.partial:
-        reporter.finish(f"stopped early after {len(runs.a) + len(runs.b)} runs", "fail")
+        reporter.finish(f"stopped early after {plural(len(runs.a) + len(runs.b), 'run')}", "fail")
     else:
-        reporter.finish(f"done: {len(runs.a) + len(runs.b)} runs", "ok")
+        reporter.finish(f"done: {plural(len(runs.a) + len(runs.b), 'run')}", "ok")
 
 
 def run_ab(
@@ -203,7 +204,7 @@ def run_ab(
         run_sync(coro, what="A/B benchmark", progress=reporter)
     except KeyboardInterrupt as exc:
         partial = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)
-        reporter.finish(f"stopped by the user after {len(partial.a) + len(partial.b)} runs", "fail")
+        reporter.finish(f"stopped by the user after {plural(len(partial.a) + len(partial.b), 'run')}", "fail")
         reporter.tick()
         raise Interrupted(str(exc) or "A/B benchmark stopped by the user", partial) from None
     out = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)

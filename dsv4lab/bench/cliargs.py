@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dsv4lab.argparsing import ArgumentParser
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.metrics import SLO
 from dsv4lab.bench.workload import (
@@ -60,16 +61,16 @@ DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 128
 
 
 def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog=prog,
         description="Benchmark a running SGLang (or OpenAI-compatible) server: by URL, or by the run directory "
-        "`dsv4lab launch` made (over an SSH tunnel with --host). Options named as in SGLang's bench_serving mean "
+        "'dsv4lab launch' made (over an SSH tunnel with --host). Options named as in SGLang's bench_serving mean "
         "what they mean there; the README's bench section lists where dsv4lab differs.",
     )
     srv = p.add_argument_group("server")
     srv.add_argument("--url", "--base-url", dest="url", help="server base URL this machine reaches")
     srv.add_argument("--port", type=int, help="server port (on --host through an SSH tunnel, else on this machine)")
-    srv.add_argument("--run-dir", help="the server's run directory, as given to `dsv4lab launch` (port from it)")
+    srv.add_argument("--run-dir", help="the server's run directory, as given to 'dsv4lab launch' (port from it)")
     from dsv4lab.cli import _add_host_options  # the same --host/--known-hosts/--trust-host-key as launch
 
     _add_host_options(p)

@@ -39,7 +39,7 @@ from dsv4lab.bench.httpstream import ConnectionPool, Endpoint, HTTPStreamError, 
 from dsv4lab.bench.metrics import RequestRecord, Status
 from dsv4lab.bench.sse import SSEParser
 from dsv4lab.bench.workload import RequestSpec
-from dsv4lab.errors import BenchError
+from dsv4lab.errors import BenchError, unknown_name_message
 
 __all__ = [
     "API",
@@ -102,7 +102,7 @@ class ClientOptions:
 
     def __post_init__(self) -> None:
         if self.api not in ENDPOINTS:
-            raise BenchError(f"api must be one of {', '.join(ENDPOINTS)}, got {self.api!r}")
+            raise BenchError(unknown_name_message("api", self.api, ENDPOINTS))
         if not (self.request_timeout_s > 0 and self.connect_timeout_s > 0):
             raise BenchError("request_timeout_s and connect_timeout_s must be > 0")
         if self.ttft_clock not in ("send", "connect"):

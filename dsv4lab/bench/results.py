@@ -22,7 +22,8 @@ import pandas as pd
 
 from dsv4lab import __version__
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
-from dsv4lab.units import TWIN_CLOCK, Clock, fmt_ms, fmt_s, fmt_tok_s, plural
+from dsv4lab.counts import plural
+from dsv4lab.units import TWIN_CLOCK, Clock, fmt_ms, fmt_s, fmt_tok_s
 
 __all__ = ["BenchResult", "BenchRuns", "Provenance", "client_version", "records_frame", "to_jsonable"]
 
@@ -489,7 +490,7 @@ class BenchRuns(Sequence[BenchResult]):
         return frame
 
     def __repr__(self) -> str:
-        return f"BenchRuns({len(self)} runs" + (", partial" if self.partial else "") + ")"
+        return f"BenchRuns({plural(len(self), 'run')}" + (", partial" if self.partial else "") + ")"
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv

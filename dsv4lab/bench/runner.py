@@ -45,10 +45,11 @@ from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
 from dsv4lab.bench.workload import _levels as _levels  # kept importable from here (ab, experiment)
 from dsv4lab.blocking import run_blocking
+from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.hosts import Host
 from dsv4lab.progress import Progress
-from dsv4lab.units import fmt_tok_s, plural
+from dsv4lab.units import fmt_tok_s
 
 __all__ = [
     "DEATH_ERRORS",
@@ -291,7 +292,7 @@ async def run_async(
         if load.warmup:
             warm = _warmup_specs(workload, load.warmup)
             cap = min(load.warmup, load.concurrency or load.warmup)
-            reporter.update(f"{desc} warmup", fraction=0.0, detail=f"{len(warm)} request(s)")
+            reporter.update(f"{desc} warmup", fraction=0.0, detail=plural(len(warm), "request"))
             warm_payloads = _payloads(endpoint, warm, options, model)
             await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _: None)
             await state.watch.settle()
@@ -316,10 +317,10 @@ async def run_async(
             ]
         else:
             total = len(specs)
-            reporter.update(desc, fraction=0.0, detail=f"0/{total} requests")
+            reporter.update(desc, fraction=0.0, detail=f"0/{total} {plural(total, 'request', number=False)}")
 
             def on_done(k: int) -> None:
-                reporter.update(fraction=k / total, detail=f"{k}/{total} requests")
+                reporter.update(fraction=k / total, detail=f"{k}/{total} {plural(total, 'request', number=False)}")
 
             records = await state.execute(specs, payloads, schedule, load.concurrency, origin, on_done)
             # The last requests failing can end the run while the probe they started is still asking: its
@@ -383,7 +384,7 @@ def _payloads(
 
 def _finish(reporter: Progress, result: BenchResult) -> None:
     s = result.on_hardware
-    counts = f"{s.completed}/{s.total} requests ok"
+    counts = f"{s.completed}/{s.total} {plural(s.total, 'request', number=False)} ok"
     if result.partial:
         reporter.finish(f"PARTIAL: {result.abort_reason}", "fail", detail=counts)
     elif s.completed == 0:
@@ -599,7 +600,7 @@ def sweep(
     try:
         run_sync(coro, what="sweep", progress=reporter)
     except KeyboardInterrupt as exc:
-        reporter.finish(f"stopped by the user after {len(runs)} run(s)", "fail")
+        reporter.finish(f"stopped by the user after {plural(len(runs), 'run')}", "fail")
         reporter.tick()
         raise Interrupted(str(exc) or "sweep stopped by the user", BenchRuns(runs)) from None
     _finish_sweep(reporter, runs)

@@ -15,6 +15,7 @@ bisection. It matches published tables to better than 1e-9.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from dsv4lab.bench.results import BenchResult
-from dsv4lab.errors import BenchError
+from dsv4lab.errors import BenchError, unknown_name_message
 from dsv4lab.units import Clock
 
 __all__ = ["ABComparison", "ABLevel", "Verdict", "compare", "metric_value", "t_quantile", "verdict_for", "welch"]
@@ -161,11 +162,12 @@ def metric_value(result: BenchResult, metric: str) -> float:
     name, _, stat = metric.partition(".")
     value: Any = getattr(result.on_hardware, name, None)
     if value is None:
-        raise BenchError(f"unknown metric {metric!r}")
+        raise BenchError(unknown_name_message("metric", name, [f.name for f in dataclasses.fields(result.summary)]))
     if stat:
+        known = [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else []
         value = getattr(value, stat, None)
         if value is None:
-            raise BenchError(f"unknown statistic {stat!r} in metric {metric!r}")
+            raise BenchError(unknown_name_message("statistic", stat, known, where=f" in metric {metric!r}"))
     if not isinstance(value, (int, float)):
         raise BenchError(f"metric {metric!r} is not a number (give a statistic, e.g. {metric}.median)")
     return float(value)

@@ -414,7 +414,7 @@ class OomFigures:
 
 @dataclass(frozen=True, kw_only=True)
 class ErrorEvent(Event):
-    """A failure: one error line, or a whole traceback block with its exception line(s).
+    """A failure: one error line, or a whole traceback block with its exception lines.
 
     ``message`` is the most telling exception line (or the line itself); ``traceback`` keeps the block's
     lines (capped) for evidence; ``frames`` the ``file:function`` of each frame, innermost last, which is

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dsv4lab.counts import plural
 from dsv4lab.logs.events import Engine, ErrorKind, OomFigures, Phase
 from dsv4lab.logs.patterns import VLLM_FREE_ON_START as _FREE_ON_START
 
@@ -191,7 +192,8 @@ def _raise_fraction(m: MemoryFacts, message: str, engine: Engine | None) -> Fix:
 def _more_gpus(m: MemoryFacts, what: str) -> Fix:
     tp = m.tp or 1
     w = f" ({m.weights:.1f} GiB per GPU now)" if m.weights else ""
-    return Fix(f"--tp-size {tp * 2}", f"Splitting the weights over {tp * 2} GPUs halves them per GPU{w}; {what}")
+    why = f"Splitting the weights over {plural(tp * 2, 'GPU')} halves them per GPU{w}; {what}"
+    return Fix(f"--tp-size {tp * 2}", why)
 
 
 def _memory_fixes(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dsv4lab.counts import plural
 from dsv4lab.logs.causes import MEMORY_KINDS, MODEL_INIT_FRAMES, tier
 from dsv4lab.logs.events import Engine, ErrorEvent, ErrorKind, OomFigures, Phase
 from dsv4lab.logs.facts import memory_facts
@@ -355,11 +356,11 @@ def _no_error(run: RunState, engine: Engine | None, truncated: bool, lines: int,
     # after the HTTP server is up, a serving excerpt can stop just before a crash. READY stays a guess.
     until = "; the file ends with no error, so whether it stayed up is not in the log."
     if run.batches and run.startup_events == 0:
-        cause = f"The server was serving ({run.batches} batch-stats lines, no error){until}"
+        cause = f"The server was serving ({plural(run.batches, 'batch-stats line')}, no error){until}"
         return verdict(Outcome.READY, Phase.SERVING, cause, _NO_READY_LINE * factor, notes=tuple(notes))
     if run.api_up_line:
         if run.batches_after_api >= 2:
-            cause = f"The HTTP server is up and served {run.batches_after_api} batches with no error{until}"
+            cause = f"The HTTP server is up and served {plural(run.batches_after_api, 'batch')} with no error{until}"
             return verdict(Outcome.READY, Phase.SERVING, cause, _NO_READY_LINE * factor, notes=tuple(notes))
         cause = (
             "Every scheduler reported ready and the HTTP server is up, but the log ends before the ready line: "
@@ -392,7 +393,9 @@ def _no_error(run: RunState, engine: Engine | None, truncated: bool, lines: int,
         if run.content > 0:
             cause = "The log has no startup progress, ready line or error to judge by."
             return verdict(Outcome.UNKNOWN, None, cause, 0.2, notes=tuple(notes))
-        return unknown(f"No SGLang or vLLM progress or error lines were found in {lines} lines.", lines, engine)
+        return unknown(
+            f"No SGLang or vLLM progress or error lines were found in {plural(lines, 'line')}.", lines, engine
+        )
     if run.followed_by_run or run.ended is not None:
         why = "another run follows it in the file" if run.followed_by_run else "the engine logged its own exit"
         return verdict(

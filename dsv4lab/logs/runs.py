@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from dsv4lab.counts import plural
 from dsv4lab.logs.errors import LogError
 from dsv4lab.logs.events import Engine, Event, RunStart
 from dsv4lab.logs.judge import judge
@@ -88,10 +89,13 @@ def _diagnose_stream(events: Iterator[Event], parser: LogParser) -> Diagnosis:
     sg, vl = parser.votes[Engine.SGLANG], parser.votes[Engine.VLLM]
     if sg >= 3 and vl >= 3 and min(sg, vl) >= 0.2 * max(sg, vl):
         return unknown(
-            f"The log mixes SGLang ({sg} lines) and vLLM ({vl} lines) output; split it into one log per server.",
+            f"The log mixes SGLang ({plural(sg, 'line')}) and vLLM ({plural(vl, 'line')}) output; "
+            "split it into one log per server.",
             lines,
         )
     engine = parser.engine
     if engine is None and chosen.content <= 0 and not chosen.errors:
-        return unknown(f"No SGLang or vLLM log lines were found in {lines} lines; is this a server log?", lines)
+        return unknown(
+            f"No SGLang or vLLM log lines were found in {plural(lines, 'line')}; is this a server log?", lines
+        )
     return judge(chosen, engine, parser.truncated, lines, notes)

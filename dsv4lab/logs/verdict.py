@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from dsv4lab.counts import plural
 from dsv4lab.logs.events import Engine, Phase
 from dsv4lab.logs.fixes import Fix
 
@@ -105,7 +106,9 @@ class Diagnosis:
         for note in self.notes:
             body += hv.p(f"Note: {note}")
         if self.evidence:
-            body += hv.fold(list(self.evidence), keep=12, summary=f"earlier evidence ({len(self.evidence)} lines)")
+            body += hv.fold(
+                list(self.evidence), keep=12, summary=f"earlier evidence ({plural(len(self.evidence), 'line')})"
+            )
         return hv.card("diagnosis", body, state=states[self.outcome], status=self.outcome.value.upper())
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 from dsv4lab.bench import ABComparison, BenchResult, t_quantile
 from dsv4lab.bench.stats import metric_unit, metric_words
+from dsv4lab.counts import plural
 from dsv4lab.errors import PlotError
 from dsv4lab.plots.theme import CONFIG_COLORS, OKABE_ITO, WIDTH
 from dsv4lab.roofline import Roofline
@@ -318,10 +319,10 @@ def request_timeline(
     s = result.on_hardware
     c = "unlimited" if result.concurrency is None else str(result.concurrency)
     if title is None:
-        title = f"{result.label or 'Run'}: {s.completed} of {s.total} requests at concurrency {c}"
+        title = f"{result.label or 'Run'}: {s.completed} of {plural(s.total, 'request')} at concurrency {c}"
     subtitle = f"median time to first token {fmt_ms(s.ttft_ms.median)}, end to end {fmt_ms(s.e2e_ms.median)}"
     if len(d) > n:
-        subtitle += f"; every {len(d) / n:.1f}th of {len(d)} requests shown"
+        subtitle += f"; every {len(d) / n:.1f}th of {plural(len(d), 'request')} shown"
     if clock.is_twin:
         subtitle += f"; twin run at time scale {scale:g}, shown for the modelled hardware"
     chart_out: alt.LayerChart = alt.layer(chart).properties(

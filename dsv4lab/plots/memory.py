@@ -20,11 +20,12 @@ from dsv4lab.budget import (
     oom_point,
     phases_from_log,
 )
+from dsv4lab.counts import plural
 from dsv4lab.errors import PlotError
 from dsv4lab.logs.source import LogSource
 from dsv4lab.memory import Preflight
 from dsv4lab.plots.theme import BUDGET_COLORS, GPU_COLORS, PHASE_COLORS, WIDTH
-from dsv4lab.units import REAL, Clock, fmt_ms, plural
+from dsv4lab.units import REAL, Clock, fmt_ms
 
 __all__ = ["downsample_timeline", "memory_budget", "memory_timeline"]
 

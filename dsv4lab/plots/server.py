@@ -9,6 +9,7 @@ import altair as alt
 import pandas as pd
 
 from dsv4lab.budget import event_time, log_events
+from dsv4lab.counts import plural
 from dsv4lab.errors import PlotError
 from dsv4lab.kernels import KernelBreakdown
 from dsv4lab.logs import DecodeBatch, Event
@@ -116,7 +117,7 @@ def decode_stats(
         title = what + f"median generation {gen.median():,.1f} tok/s" if len(gen) else what.rstrip(": ")
         if len(acc):
             title += f", {acc.mean():.2f} tokens accepted per step"
-    subtitle = f"from the server log's Decode batch lines ({len(df)} points)"
+    subtitle = f"from the server log's Decode batch lines ({plural(len(df), 'point')})"
     if clock.is_twin:
         subtitle += f"; twin run at time scale {clock.time_scale:g}, shown for the modelled hardware"
     chart_out: alt.VConcatChart = alt.vconcat(*charts, spacing=6).properties(
@@ -184,7 +185,9 @@ def kernel_breakdown(
         + right_base.mark_text(align="left", dx=4, fontSize=12).encode(
             x="pct:Q", y=alt.Y("name:N", sort=korder), text="text:N"
         )
-    ).properties(width=260, height=26 * len(korder), title=alt.Title(f"top {len(korder)} kernels", fontSize=13))
+    ).properties(
+        width=260, height=26 * len(korder), title=alt.Title(f"top {plural(len(korder), 'kernel')}", fontSize=13)
+    )
     if title is None:
         first_kind = kinds.sort_values("pct", ascending=False).iloc[0]
         _, share = breakdown.top()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4lab.errors import ConfigError
+from dsv4lab.errors import ConfigError, UnknownNameError
 
 __all__ = ["FAULTS", "Fault", "parse_fault"]
 
@@ -42,7 +42,7 @@ def parse_fault(text: str | None) -> Fault | None:
     name, _, raw = text.strip().partition(":")
     name = name.strip().lower().replace("-", "_")
     if name not in FAULTS:
-        raise ConfigError("DSV4LAB_TWIN_FAULT", text, f"one of {', '.join(FAULTS)} (optionally NAME:VALUE)")
+        raise UnknownNameError("twin fault", name, FAULTS, field="DSV4LAB_TWIN_FAULT", also="NAME:VALUE of one")
     if raw.strip():
         try:
             value = float(raw)

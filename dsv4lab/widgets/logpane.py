@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import ipywidgets as widgets
 
+from dsv4lab.counts import plural
 from dsv4lab.logs import LineKind, classify_line
 from dsv4lab.secrets import redact_text
 
@@ -104,7 +105,7 @@ class LogPane:
     def _header_html(self) -> str:
         return (
             f"<div style='font-size:0.85em;margin-top:0.4em'><b>{html.escape(self._title)}</b> "
-            f"<span style='color:#57606a'>(last {self.max_lines} lines)</span> &nbsp; {_LEGEND}</div>"
+            f"<span style='color:#57606a'>(last {plural(self.max_lines, 'line')})</span> &nbsp; {_LEGEND}</div>"
         )
 
     @staticmethod

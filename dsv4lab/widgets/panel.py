@@ -26,7 +26,7 @@ import ipywidgets as widgets
 
 from dsv4lab import htmlview as hv
 from dsv4lab.config import ConfigDiff, ServerConfig, diff
-from dsv4lab.errors import ConfigError
+from dsv4lab.errors import ConfigError, UnknownNameError
 from dsv4lab.hardware import HARDWARE, hardware_profile
 from dsv4lab.memory import Preflight, Suggestion, preflight, suggest
 from dsv4lab.presets import PRESETS
@@ -114,7 +114,7 @@ class ConfigPanel:
         charts: bool = True,
     ) -> None:
         if preset not in PRESETS:
-            raise ConfigError("preset", preset, f"one of {', '.join(PRESETS)}")
+            raise UnknownNameError("preset", preset, PRESETS)
         if lab is not None:
             lab.progress = False
             hardware = hardware or lab.hardware.name
@@ -274,7 +274,7 @@ class ConfigPanel:
         names = {k.replace("__", "."): v for k, v in values.items()}
         unknown = [n for n in names if n not in self.controls]
         if unknown:
-            raise ConfigError(unknown[0], names[unknown[0]], f"one of {', '.join(self.controls)}")
+            raise UnknownNameError("panel field", unknown[0], self.controls, field=unknown[0])
         self._quiet.on = True
         try:
             for name, value in names.items():
