@@ -617,7 +617,12 @@ def test_trust_host_key_on_the_command_line_records_the_key_before_the_run(
 #: (keyword arguments of lab.compare, the field the ConfigError names, its value as typed, what it allows)
 COMPARE_ROWS: dict[str, tuple[dict[str, Any], str, Any, str]] = {
     "unknown second preset": ({"b": "config_bb"}, "b", "config_bb", "did you mean 'config_b'"),
-    "unknown first preset": ({"a": "config_z", "b": "config_a"}, "a", "config_z", "(allowed: config_a, config_b, config_b_fixed"),
+    "unknown first preset": (
+        {"a": "config_z", "b": "config_a"},
+        "a",
+        "config_z",
+        "(allowed: config_a, config_b, config_b_fixed",
+    ),
     "levels where b goes": ({"b": [16], "cuda_graph_max_bs": 8}, "b", [16], "levels go in concurrency="),
     "the same config twice": ({"b": "config_a"}, "b", "config_a", "a config that differs from A (config_a)"),
     "A with nothing changed": ({}, "b", "config_a", "give B a change, e.g. lab.compare('config_a', cuda_graph"),
