@@ -375,13 +375,15 @@ class ServerConfig:
         """Apply overrides given as Python values *or* as text, by field name.
 
         Names may be dotted (``speculative.num_steps``, ``env.NCCL_PROTO``) or use ``__`` for the dot, so
-        they can be keyword arguments (``speculative__num_steps=2``). Text is parsed as the field's type
+        they can be keyword arguments (``speculative__num_steps=2``); only the first ``__`` is the dot, so an
+        environment variable's own double underscores survive (``env__MY__VAR`` sets ``MY__VAR``). Text is parsed
+        as the field's type
         (what a papermill parameter or a widget hands over); ``None`` unsets an optional field. Every
         value is validated like a new config, so a wrong type is a :class:`ConfigError` naming the field.
         """
         data = self.to_dict()
         for raw_key, value in values.items():
-            key = raw_key.replace("__", ".")
+            key = raw_key if "." in raw_key else raw_key.replace("__", ".", 1)
             if isinstance(value, str) or value is None:
                 _apply_override(data, key, "none" if value is None else value)
                 continue

@@ -311,6 +311,13 @@ def _typed_back_exactly(value: Any) -> bool:
     return True
 
 
+def test_only_the_first_double_underscore_is_the_dot() -> None:
+    base = ServerConfig(model_path="m")
+    assert base.with_values({"env__MY__VAR": "1"}).env == {"MY__VAR": "1"}
+    assert base.with_values({"env.__": "x"}).env == {"__": "x"}
+    assert base.with_values({"speculative__algorithm": "EAGLE"}).speculative is not None
+
+
 @settings(max_examples=60, deadline=None)
 @given(configs(), configs())
 def test_a_diff_typed_as_overrides_turns_one_config_into_the_other(a: ServerConfig, b: ServerConfig) -> None:
