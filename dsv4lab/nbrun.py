@@ -345,7 +345,9 @@ def run_notebook(
             unsaved,
         )
     if status == "interrupted":
-        raise Interrupted(f"notebook {nb_path.stem} stopped by the user; what ran is in its report: {run.report}", run)
+        raise Interrupted(
+            f"notebook {nb_path.stem}", run, elapsed_s=duration, note=f"what ran is in its report: {run.report}"
+        )
     if run.unsaved:
         what = f"failed: {error}" if error else "ran"
         raise NotebookError(

@@ -111,7 +111,7 @@ class _Run:
         schedule: Sequence[float],
         cap: int | None,
         origin: float,
-        on_done: Callable[[int], None],
+        on_done: Callable[[int, int], None],
     ) -> list[RequestRecord]:
         """Dispatch every request on its schedule under the cap; return one record per request.
 
@@ -122,10 +122,10 @@ class _Run:
         records: list[RequestRecord | None] = [None] * n
         sem = asyncio.Semaphore(cap if cap is not None else max(n, 1))
         tasks: list[asyncio.Task[None]] = []
-        done = 0
+        done = ok = 0
 
         async def one(i: int) -> None:
-            nonlocal done
+            nonlocal done, ok
             try:
                 records[i] = await send_request(
                     self.pool,
@@ -139,7 +139,9 @@ class _Run:
             finally:
                 sem.release()
                 done += 1
-                on_done(done)
+                record = records[i]
+                ok += record is not None and record.status == "ok"
+                on_done(done, ok)
 
         try:
             for i in range(n):
@@ -292,7 +294,7 @@ async def run_async(
             cap = min(load.warmup, load.concurrency or load.warmup)
             reporter.update(f"{desc} warmup", fraction=0.0, detail=f"{len(warm)} request(s)")
             warm_payloads = _payloads(endpoint, warm, options, model)
-            await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _: None)
+            await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _k, _ok: None)
             await state.watch.settle()
         if load.flush_cache and not state.abort.is_set():
             reporter.update(f"{desc} flush cache", fraction=0.0)
@@ -315,10 +317,11 @@ async def run_async(
             ]
         else:
             total = len(specs)
-            reporter.update(desc, fraction=0.0, detail=f"0/{total} requests")
+            reporter.update(desc, fraction=0.0, detail=f"0/{total} requests, 0 ok")
 
-            def on_done(k: int) -> None:
-                reporter.update(fraction=k / total, detail=f"{k}/{total} requests")
+            def on_done(k: int, ok: int) -> None:
+                # Finished is not ok: the table counts ok requests, so the line says both.
+                reporter.update(fraction=k / total, detail=f"{k}/{total} requests, {ok} ok")
 
             records = await state.execute(specs, payloads, schedule, load.concurrency, origin, on_done)
             # The last requests failing can end the run while the probe they started is still asking: its
@@ -474,7 +477,46 @@ def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:
         _finish(reporter, runs[-1])
     else:
         best = max((x.summary.output_throughput for x in runs), default=0.0)
-        reporter.finish(f"done: {len(runs)} runs, best {best:,.1f} output tok/s", "ok")
+        reporter.finish(f"done: {len(runs)} runs, best {best:,.1f} output tok/s", "ok", detail=_ok_detail(runs))
+
+
+def _requests_ok(result: BenchResult) -> str:
+    """A run's requests as its table counts them: the ok ones of all it planned."""
+    return f"{result.summary.completed} of {result.summary.total} requests ok"
+
+
+def _ok_detail(runs: Sequence[BenchResult]) -> str:
+    """The runs' ok requests, in the table's terms (a run's last live count was of finished requests)."""
+    ok = sum(r.summary.completed for r in runs)
+    total = sum(r.summary.total for r in runs)
+    return f"{ok}/{total} requests ok"
+
+
+def runs_after(runs: Sequence[BenchResult], planned: int | None) -> str:
+    """How far a stopped series of runs got: finished runs of those planned, and the cut one's requests."""
+    finished = [r for r in runs if not r.partial]
+    counted = len(finished) if planned is None else planned
+    of = "" if planned is None else f" of {planned}"
+    text = f"after {len(finished)}{of} {'run' if counted == 1 else 'runs'}"
+    cut = runs[-1] if runs and runs[-1].partial else None
+    if cut is not None:
+        level = "inf" if cut.concurrency is None else cut.concurrency
+        text += f"; the cut run (c={level}) had {_requests_ok(cut)}"
+    return text
+
+
+def _planned(concurrencies: Sequence[int | None] | int | str | None, repeats: int) -> int | None:
+    try:
+        return len(cap_levels(concurrencies)) * repeats
+    except BenchError:
+        return None
+
+
+def _shown_levels(concurrencies: Sequence[int | None] | int | str | None) -> str:
+    try:
+        return ", ".join("inf" if c is None else str(c) for c in cap_levels(concurrencies))
+    except BenchError:
+        return str(concurrencies)
 
 
 def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "benchmark", progress: Progress | None = None) -> T:
@@ -537,6 +579,9 @@ def run(
         else:
             reporter.finish("stopped" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}", "fail")
         reporter.tick()
+        if isinstance(exc, KeyboardInterrupt):
+            after = f"after {_requests_ok(partial)}" if isinstance(partial, BenchResult) else "before it measured"
+            raise Interrupted(f"benchmark {desc}", partial, after=after, elapsed_s=reporter.elapsed_s) from None
         raise
     _finish(reporter, result)
     reporter.tick()
@@ -577,10 +622,12 @@ def sweep(
     coro = _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, run_kw)
     try:
         run_sync(coro, what="sweep", progress=reporter)
-    except KeyboardInterrupt as exc:
-        reporter.finish(f"stopped by the user after {len(runs)} run(s)", "fail")
+    except KeyboardInterrupt:
+        after = runs_after(runs, _planned(concurrencies, repeats))
+        reporter.finish(f"stopped by the user {after}", "fail", detail=_ok_detail(runs))
         reporter.tick()
-        raise Interrupted(str(exc) or "sweep stopped by the user", BenchRuns(runs)) from None
+        what = f"sweep {label}".strip() + f" at c={_shown_levels(concurrencies)}"
+        raise Interrupted(what, BenchRuns(runs), after=after, elapsed_s=reporter.elapsed_s) from None
     _finish_sweep(reporter, runs)
     reporter.tick()
     return BenchRuns(runs)
