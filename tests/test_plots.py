@@ -370,9 +370,11 @@ def test_svg_png_and_the_offline_renderer(tmp_path: Path) -> None:
     try:
         plots.enable_offline_renderer()
         renderer: Any = alt.renderers.get()
-        bundle: dict[str, Any] = renderer(plots.to_spec(chart))
+        bundle, metadata = renderer(plots.to_spec(chart))
     finally:
         alt.renderers.enable(before)
+    # The images say what the chart shows: the report writes this alt text on them.
+    assert metadata["image/svg+xml"]["alt"] == plots.alt_text(chart) and "Attention kernels" in plots.alt_text(chart)
     keys = set(bundle)
     vega = [k for k in keys if k.startswith("application/vnd.vegalite.v")]
     assert vega and "image/svg+xml" in keys and "text/plain" in keys
