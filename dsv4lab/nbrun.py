@@ -236,15 +236,11 @@ IOPUB_TIMEOUT_S = 30
 
 
 def _ipc_kernel_manager() -> type:
-    """A kernel manager on Unix sockets: the kernel is reachable by this user only, not on a TCP port (and
-    ipykernel does not warn that its TCP traffic is unencrypted)."""
-    from jupyter_client.manager import AsyncKernelManager
-    from traitlets import Unicode
+    """The kernel manager papermill starts: Unix sockets, and no stray interrupt at shutdown (see
+    :mod:`dsv4lab.nbkernel`)."""
+    from dsv4lab.nbkernel import HeadlessKernelManager
 
-    class IPCKernelManager(AsyncKernelManager):
-        transport = Unicode("ipc")
-
-    return IPCKernelManager
+    return HeadlessKernelManager
 
 
 def _literal(text: str) -> Any:
