@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -67,6 +68,7 @@ def run_blocking(
             done.set()
 
     thread = threading.Thread(target=worker, name=f"dsv4lab-{what}", daemon=True)
+    started = time.monotonic()
     thread.start()
     try:
         while not done.wait(_TICK_S):
@@ -81,9 +83,7 @@ def run_blocking(
         if on_tick is not None:
             with contextlib.suppress(Exception):
                 on_tick()
-        partial = box.get("value")
-        kept = "; the partial result is kept" if partial is not None else ""
-        raise Interrupted(f"{what} stopped by the user{kept}", partial) from None
+        raise Interrupted(what, box.get("value"), elapsed_s=time.monotonic() - started) from None
     if on_tick is not None:
         on_tick()
     if "error" in box:

@@ -17,6 +17,7 @@ import datetime as _dt
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.campaignlock import campaign_lock
 from dsv4lab.errors import ConfigError, Interrupted, NotebookError, UnknownNameError
 from dsv4lab.experiment import read_results, write_json_atomic
+from dsv4lab.counts import plural
 from dsv4lab.measurements import Measurement, by_config
 from dsv4lab.nbrun import (
     NotebookRun,
@@ -266,6 +268,7 @@ def _run_steps(
     figures: dict[str, dict[str, Any]] = {}
     failure: NotebookError | None = None
     stopped: Interrupted | None = None
+    started = time.monotonic()
     try:
         for step in campaign.steps:
             params = _step_parameters(campaign, step, figures)
@@ -315,7 +318,14 @@ def _run_steps(
         index = write_index(campaign, folder, states)
     result = CampaignResult(campaign, folder, index, states)
     if stopped is not None:
-        raise Interrupted(f"campaign {campaign.name} stopped by the user; index: {index}", result)
+        finished = sum(s.status == "ok" for s in states)
+        raise Interrupted(
+            f"campaign {campaign.name}",
+            result,
+            after=f"after {finished} of {plural(len(campaign.steps), 'step')}",
+            elapsed_s=time.monotonic() - started,
+            note=f"index: {index}",
+        )
     if failure is not None:
         raise NotebookError(f"campaign {campaign.name} stopped: {failure}; index: {index}", result)
     return result

@@ -39,6 +39,7 @@ that carries the partial result, so the cell stops and nothing measured is lost 
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -327,13 +328,98 @@ class Interrupted(KeyboardInterrupt):
     It is a ``KeyboardInterrupt``, so the cell or script stops as the user asked, but it carries what was
     done before the stop — a partial benchmark, the readiness seen so far — in ``partial``, and the call
     has already stopped what it started (unless told to keep it).
+
+    A Stop is not a crash, so a notebook shows it as one short block instead of a library traceback
+    (IPython asks :meth:`_render_traceback_`): what stopped, after what, and where the partial result
+    is. The cell's assignment never happens, so the block names an expression that reaches the result:
+    the attribute that also holds it (``a.runs``, found by the name the notebook gave its holder, see
+    :meth:`kept_in`) and ``sys.last_value.partial`` (IPython keeps the last exception there).
     """
 
     exit_code: ClassVar[int] = 130
 
-    def __init__(self, message: str, partial: Any = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self,
+        what: str,
+        partial: Any = None,
+        *,
+        after: str = "",
+        elapsed_s: float | None = None,
+        note: str = "",
+    ) -> None:
+        """``what`` names the call ("sweep config-a at c=1, 16"), ``after`` how far it got ("after 1 of 2
+        runs"), ``note`` what the stop did to what the call started ("the server was stopped")."""
+        self.what = what
         self.partial = partial
+        self.after = after
+        self.elapsed_s = elapsed_s
+        self.note = note
+        self.places: list[tuple[str, tuple[object, ...]]] = []
+        super().__init__(self._message())
+
+    def kept_in(self, template: str, *holders: object) -> Interrupted:
+        """Say that the partial result is also kept on ``holders`` (returns self, for ``raise``).
+
+        ``template`` has one ``{}`` per holder, e.g. ``"{}.runs"``; the notebook's variable name for each
+        holder fills it when the block is shown (a holder the notebook has no name for is not shown).
+        """
+        self.places.append((template, holders))
+        return self
+
+    def _message(self) -> str:
+        when = ", ".join(x for x in (self.after, _seconds(self.elapsed_s)) if x)
+        if when and not self.after:
+            when = f"after {when}"
+        text = f"{self.what} stopped by the user" + (f" {when}" if when else "")
+        return f"{text}; {self.note}" if self.note else text
+
+    def _render_traceback_(self) -> list[str]:
+        """The lines IPython shows for this exception in place of a traceback (its protocol for
+        exceptions that render themselves); a Stop is the user's, so where it happened is no news."""
+        try:
+            return _stop_block(self)
+        except Exception:  # a broken hint must not hide the stop itself
+            return [f"Stopped: {self}"]
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f} s"
+
+
+def _stop_block(exc: Interrupted) -> list[str]:
+    after = exc.after or ("after" if exc.elapsed_s is not None else "")
+    took = f" ({_seconds(exc.elapsed_s)})" if exc.elapsed_s is not None else ""
+    lines = [f"Stopped by the user: {exc.what}{', ' + after if after else ''}{took}."]
+    if exc.note:
+        lines.append(exc.note[:1].upper() + exc.note[1:] + ".")
+    if exc.partial is None:
+        return lines
+    names = _namespace_names()
+    where = [
+        template.format(*found)
+        for template, holders in exc.places
+        if None not in (found := [names.get(id(h)) for h in holders])
+    ]
+    sys_name = names.get(id(sys))
+    where.append(f"{sys_name}.last_value.partial" if sys_name else "import sys; sys.last_value.partial")
+    kind = type(exc.partial).__name__
+    lines.append(f"Kept (the cell's assignment did not run): the partial {kind} in {'  or  '.join(where)}")
+    return lines
+
+
+def _namespace_names() -> dict[int, str]:
+    """The notebook's names for its objects (public names only), by object id; empty outside IPython."""
+    shell = sys.modules.get("IPython")
+    get = getattr(shell, "get_ipython", None)
+    ip = get() if callable(get) else None
+    ns = getattr(ip, "user_ns", None)
+    if not isinstance(ns, dict):
+        return {}
+    names: dict[int, str] = {}
+    for name, value in ns.items():
+        if isinstance(name, str) and name.isidentifier() and not name.startswith("_"):
+            names.setdefault(id(value), name)
+    return names
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -146,13 +146,14 @@ class Experiment:
         """
         from IPython.display import display
 
-        from dsv4lab.plots import mimebundle
+        from dsv4lab.plots import display_metadata, mimebundle, to_spec
 
-        bundle = mimebundle(chart)
+        spec = to_spec(chart) if not isinstance(chart, dict) else chart
+        bundle = mimebundle(spec)
         folder = self.out_dir / "charts"
         folder.mkdir(exist_ok=True)
         (folder / f"{name}.svg").write_text(bundle["image/svg+xml"], encoding="utf-8")
-        display(bundle, raw=True)  # type: ignore[no-untyped-call]
+        display(bundle, raw=True, metadata=display_metadata(spec))  # type: ignore[no-untyped-call]
 
     def earlier(self, name: str, value: str) -> Path:
         """An earlier step's run dir given as parameter ``name``: it must exist and hold a results.json."""

@@ -212,9 +212,15 @@ def profile_server(
         # Stop must not wait for the server to write its trace: ask it to stop profiling in the
         # background (a server left profiling slows down and fills its disk) and give control back.
         threading.Thread(target=_post_quietly, args=(f"{url}/stop_profile", timeout_s), daemon=True).start()
-        raise Interrupted(
-            "profiling stopped by the user (the server was asked to stop profiling)", getattr(exc, "partial", None)
-        ) from None
+        stopped = Interrupted(
+            f"profiling of {url}",
+            getattr(exc, "partial", None),
+            after=exc.after if isinstance(exc, Interrupted) else "",
+            elapsed_s=time.time() - started,
+            note="the server was asked to stop profiling",
+        )
+        stopped.places = getattr(exc, "places", [])  # where the load run said its result is kept
+        raise stopped from None
     except BaseException:
         _post_quietly(f"{url}/stop_profile", timeout_s)
         raise

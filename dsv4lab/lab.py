@@ -23,6 +23,7 @@ import math
 import re
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
@@ -222,7 +223,9 @@ class Lab:
         except KeyboardInterrupt:
             note = _interrupted("the user stopped the launch before the server started; nothing is running")
             _save_verdict(local_dir, note)
-            raise Interrupted(f"launch of {label} stopped by the user; nothing was left running", note) from None
+            raise Interrupted(
+                f"launch of {label}", note, after="before the server started", note="nothing was left running"
+            ) from None
         except BaseException:
             # Nothing started: no results folder holding only the idle GPU samples taken before the launch.
             with contextlib.suppress(OSError):
@@ -252,7 +255,12 @@ class Lab:
                 with contextlib.suppress(Exception):
                     server.stop(grace_s=5.0)
             server._record()
-            raise Interrupted(f"launch of {label} stopped by the user", server.readiness) from None
+            raise Interrupted(
+                f"launch of {label}",
+                server.readiness,
+                after="as the server started",
+                note="the server was kept running" if server.keep else "the server was stopped",
+            ) from None
         if wait:
             server.wait()
         return server
@@ -418,6 +426,8 @@ class Lab:
             partial = getattr(exc, "partial", None)
             if isinstance(partial, bench.ABRuns):
                 a.runs, b.runs = a.runs + partial.a, b.runs + partial.b
+            if isinstance(exc, Interrupted):
+                exc.kept_in("{}.runs, {}.runs", a, b)
             raise
         a.runs, b.runs = a.runs + runs.a, b.runs + runs.b
         return runs
@@ -488,19 +498,20 @@ class Lab:
 
         kw: dict[str, Any] = {"prompts": prompts, "input_len": input_len, "output_len": output_len, "seed": seed}
         interrupted = False
+        runs: list[bench.BenchRuns] = []
+        begun = time.monotonic()
         try:
             if together:  # both start at once: their startups overlap
                 sa, sb = start(cfg_a, server_names[0]), start(cfg_b, server_names[1])
                 return self.ab(ready(sa), ready(sb), concurrency, repeats=repeats, labels=arms, **kw)
-            runs: list[bench.BenchRuns] = []
             for config, name, label in ((cfg_a, server_names[0], arms[0]), (cfg_b, server_names[1], arms[1])):
                 server = ready(start(config, name))
                 runs.append(server.bench(concurrency, repeats=repeats, label=label, **kw))
                 server.stop(grace_s=10.0)
             return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), arms[0], arms[1])
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             interrupted = True
-            raise
+            raise _compare_stopped(exc, arms, runs, begun) from None
         finally:
             pending = [server for server in started if server.stopped is None]
             if interrupted:  # Stop: both servers end at once, in threads a script still waits for
@@ -734,6 +745,25 @@ def _check_load(
         raise ConfigError("prompts", prompts, "an integer >= 1, or None for one wave per level")
     if not integer(seed):
         raise ConfigError("seed", seed, "an integer")
+
+
+def _compare_stopped(
+    exc: KeyboardInterrupt, names: tuple[str, str], runs: list[bench.BenchRuns], started: float
+) -> Interrupted:
+    """The Stop of a comparison, carrying both arms' runs so far: run one after the other, the arm being
+    measured hands over only its own."""
+    partial = getattr(exc, "partial", None)
+    if not isinstance(partial, bench.ABRuns):  # one arm after the other, or stopped while a server started
+        arms = [*runs, *([partial] if isinstance(partial, bench.BenchRuns) else [])]
+        a, b = (tuple(arms[i]) if i < len(arms) else () for i in (0, 1))
+        partial = bench.ABRuns(a, b, names[0], names[1]) if arms else None
+    return Interrupted(
+        f"comparison {names[1]} vs {names[0]}",
+        partial,
+        after=exc.after if isinstance(exc, Interrupted) else "",
+        elapsed_s=time.monotonic() - started,
+        note="both servers are being stopped",
+    )
 
 
 def _interrupted(reason: str) -> Readiness:

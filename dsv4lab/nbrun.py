@@ -258,15 +258,11 @@ IOPUB_TIMEOUT_S = 30
 
 
 def _ipc_kernel_manager() -> type:
-    """A kernel manager on Unix sockets: the kernel is reachable by this user only, not on a TCP port (and
-    ipykernel does not warn that its TCP traffic is unencrypted)."""
-    from jupyter_client.manager import AsyncKernelManager
-    from traitlets import Unicode
+    """The kernel manager papermill starts: Unix sockets, and no stray interrupt at shutdown (see
+    :mod:`dsv4lab.nbkernel`)."""
+    from dsv4lab.nbkernel import HeadlessKernelManager
 
-    class IPCKernelManager(AsyncKernelManager):
-        transport = Unicode("ipc")
-
-    return IPCKernelManager
+    return HeadlessKernelManager
 
 
 def _literal(text: str) -> Any:
@@ -376,7 +372,9 @@ def run_notebook(
             unsaved,
         )
     if status == "interrupted":
-        raise Interrupted(f"notebook {nb_path.stem} stopped by the user; what ran is in its report: {run.report}", run)
+        raise Interrupted(
+            f"notebook {nb_path.stem}", run, elapsed_s=duration, note=f"what ran is in its report: {run.report}"
+        )
     if run.unsaved:
         what = f"failed: {error}" if error else "ran"
         raise NotebookError(

@@ -267,6 +267,7 @@ def _clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         for output in cell.get("outputs", []):
             data = output.get("data")
             if isinstance(data, dict):
+                _name_chart(output, data)
                 for mimetype in _DROP_MIMETYPES:
                     data.pop(mimetype, None)
                 if not data and output.get("output_type") in ("display_data", "execute_result"):
@@ -274,3 +275,21 @@ def _clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             kept.append(output)
         cell["outputs"] = kept
     return nb
+
+
+def _name_chart(output: Any, data: dict[str, Any]) -> None:
+    """Give a chart's image the alt text of its title when its display carried none (a notebook executed
+    before charts said what they show, or a chart displayed some other way): read from its Vega-Lite spec."""
+    spec = next((v for k, v in data.items() if k.startswith("application/vnd.vegalite.")), None)
+    if not isinstance(spec, dict) or not ({"image/svg+xml", "image/png"} & set(data)):
+        return
+    metadata = output.setdefault("metadata", {})
+    if all(isinstance(metadata.get(m), dict) and metadata[m].get("alt") for m in ("image/svg+xml", "image/png")):
+        return
+    from dsv4lab.plots.render import alt_text  # Altair only for notebooks that have charts
+
+    words = alt_text(spec)
+    for mimetype in ("image/svg+xml", "image/png"):
+        entry = metadata.setdefault(mimetype, {})
+        if isinstance(entry, dict):
+            entry.setdefault("alt", words)

@@ -125,6 +125,7 @@ class Server:
             self._record()
             if not keep_running:  # the watch stopped the server: its GPU timeline ends here too
                 threading.Timer(1.0, self.lab._stop_sampler, args=(self,)).start()
+            exc.kept_in("{}.readiness", self)
             raise
         self._record()
         if self.readiness.ready:
@@ -195,6 +196,8 @@ class Server:
         except Interrupted as exc:
             if isinstance(exc.partial, bench.BenchRuns):
                 self.runs = self.runs + exc.partial
+                new = len(exc.partial)
+                exc.kept_in("{}.runs" if len(self.runs) == new else f"{{}}.runs[-{new}:]", self)
             raise
         self.runs = self.runs + runs
         cut = sum(r.summary.incomplete + r.summary.failed for r in runs)
@@ -238,6 +241,7 @@ class Server:
             except Interrupted as exc:  # Stop: the load run so far is kept here too, not only on the exception
                 if isinstance(exc.partial, bench.BenchResult):
                     self.runs = bench.BenchRuns((*self.runs, exc.partial))
+                    exc.kept_in("{}.runs[-1]", self)
                 raise
             self.runs = bench.BenchRuns((*self.runs, result))  # the load run is a measurement too: kept, partial or not
             if result.partial and not result.interrupted:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import posixpath
 import threading
 import time
 import urllib.error
@@ -274,7 +275,13 @@ def wait_ready(
             stop_soon(handle)
             partial = dataclasses.replace(partial, reason=partial.reason + "; the server was stopped")
         bar.finish(f"INTERRUPTED ({partial.last_phase or 'no phase seen'})", "warn")
-        raise Interrupted("wait_ready stopped by the user", partial) from None
+        raise Interrupted(
+            f"the watch of {posixpath.basename(handle.run_dir.rstrip('/')) or handle.run_dir}",
+            partial,
+            after=f"in phase {partial.last_phase}" if partial.last_phase else "before the first startup phase",
+            elapsed_s=partial.elapsed_s,
+            note="the server was stopped" if not keep_running else "the server keeps running",
+        ) from None
     finally:
         w.close()
     bar.finish(result.headline(), VERDICT_STATE[result.verdict])
@@ -557,6 +564,8 @@ def wait_ready_all(
     import concurrent.futures
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(handles)))
+    started = time.monotonic()
+    results: dict[int, Readiness] = {}
     try:
         futures = {
             pool.submit(
@@ -570,7 +579,6 @@ def wait_ready_all(
             ): i
             for i, h in enumerate(handles)
         }
-        results: dict[int, Readiness] = {}
         for future in concurrent.futures.as_completed(futures):
             result = future.result()
             results[futures[future]] = result
@@ -584,7 +592,13 @@ def wait_ready_all(
         if not keep_running:
             for h in handles:
                 stop_soon(h)
-        raise Interrupted("wait_ready_all stopped by the user", None) from None
+        raise Interrupted(
+            f"the watch of {len(handles)} nodes",
+            None,
+            after=f"with {len(results)} of {len(handles)} nodes READY",
+            elapsed_s=time.monotonic() - started,
+            note="the server was stopped on every node" if not keep_running else "the server keeps running",
+        ) from None
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return results[0]

@@ -25,6 +25,8 @@ class CellResult:
     #: Monotonic time the kernel's reply arrived.
     replied_at: float
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    #: The lines a front end shows for the cell's error (the iopub ``error`` message's ``traceback``).
+    traceback: list[str] = field(default_factory=list)
 
 
 class Kernel:
@@ -67,6 +69,7 @@ class Kernel:
         stdout: list[str] = []
         stderr: list[str] = []
         outputs: list[dict[str, Any]] = []
+        traceback: list[str] = []
         while True:
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.5)
@@ -79,11 +82,20 @@ class Kernel:
                 (stdout if content["name"] == "stdout" else stderr).append(content["text"])
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 outputs.append(content)
+            elif kind == "error":
+                traceback = list(content["traceback"])
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         body = reply["content"]
         return CellResult(
-            body["status"], body.get("ename"), body.get("evalue"), "".join(stdout), "".join(stderr), replied_at, outputs
+            body["status"],
+            body.get("ename"),
+            body.get("evalue"),
+            "".join(stdout),
+            "".join(stderr),
+            replied_at,
+            outputs,
+            traceback,
         )
 
     def run(self, code: str, timeout_s: float = 300.0) -> CellResult:

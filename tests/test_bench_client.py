@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from typing import Any
 
 import pytest
 
-from dsv4lab.bench import BenchResult, BenchRuns, ClientOptions, LoadSpec, random_workload, run_async, sweep_async
+from dsv4lab.bench import (
+    BenchResult,
+    BenchRuns,
+    ClientOptions,
+    LoadSpec,
+    random_workload,
+    run_async,
+    sweep,
+    sweep_async,
+)
 from dsv4lab.bench.client import API
 from dsv4lab.errors import BenchError
+from tests.test_bench_cli import ServerThread
 from tests.test_bench_fakeserver import FakeServer, ServerBehaviour, fake_server
 
 
@@ -155,3 +166,20 @@ def test_sweep_levels_may_be_uncapped() -> None:
     assert capped.concurrency == 2 and uncapped.concurrency is None
     assert uncapped.summary.peak_concurrent == 6 and capped.summary.peak_concurrent == 2
     assert uncapped.flat()["concurrency"] is None
+
+
+def test_the_progress_line_counts_ok_requests_as_the_table_does(capsys: pytest.CaptureFixture[str]) -> None:
+    # Every request ends in an error event: each one finishes, none is ok. A line that said "4/4 requests"
+    # beside a table's "0/4 ok" read as a success.
+    served = ServerThread(ServerBehaviour(error_after_chunks=3, itl_s=0.0))
+    try:
+        runs = sweep(served.server.url, random_workload(4, 16, 10, seed=1), [2, 4], progress=True)
+    finally:
+        served.close()
+    assert [(r.summary.completed, r.summary.total) for r in runs] == [(0, 4), (0, 4)]
+    lines = capsys.readouterr().err.strip().splitlines()  # a script's progress: plain lines on stderr
+    counts = [part for line in lines for part in line.split(" | ") if " requests" in part]
+    assert counts, lines
+    for part in counts:  # every count says how many were ok, and none says more were ok than the table
+        assert re.fullmatch(r"\d+/4 requests, 0 ok|0/8 requests ok", part), part
+    assert lines[-1].split(" | ")[-2] == "0/8 requests ok", lines[-1]

@@ -60,7 +60,8 @@ def test_a_one_request_benchmark_reads_in_the_singular(capsys: pytest.CaptureFix
         second = capsys.readouterr().err
     finally:
         server.close()
-    assert "done: 1 run, best" in first and "| 1/1 request |" in first and "| 1 request |" in first, first
+    assert "done: 1 run, best" in first and "| 0/1 request, 0 ok |" in first and "| 1 request |" in first, first
+    assert "| 1/1 request ok |" in first, first
     assert "done: 2 runs," in second, second
     for text in (first, second):
         assert not re.search(r"\b1 (runs|requests)\b|/1 requests|\(s\)", text), text

@@ -53,12 +53,37 @@ def _gone(pid: int, timeout_s: float = 10.0) -> bool:
 
 
 def _press_stop(k: Kernel, cell: str) -> CellResult:
-    """Press Stop during ``cell``: it ends in ``Interrupted`` within the bound; its result for the details."""
+    """Press Stop during ``cell``: it ends in ``Interrupted`` within the bound, shown as the short stop
+    block (no library traceback); its result for the details."""
     pressed = k.interrupt()
     result = k.collect(cell, timeout_s=60)
     assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
     assert result.replied_at - pressed < BACK_WITHIN_S
+    shown = "\n".join(result.traceback)
+    assert shown.startswith("Stopped by the user: "), shown
+    assert len(shown.splitlines()) <= 3, shown
+    for library_trace in ("Traceback", "File ", "site-packages", "dsv4lab/", "\x1b["):
+        assert library_trace not in shown, shown
     return result
+
+
+def _kept_at(result: CellResult) -> list[str]:
+    """The ways the stop block names to reach the partial result (``a.runs  or  sys.last_value.partial``)."""
+    kept = [line for line in result.traceback if line.startswith("Kept (the cell's assignment did not run): ")]
+    assert len(kept) == 1, result.traceback
+    return kept[0].split(" in ", 1)[1].split("  or  ")
+
+
+def _assert_reaches_the_partial(k: Kernel, result: CellResult) -> list[str]:
+    """Each way the block names, typed into the next cell as shown, gives the partial result itself."""
+    ways = _kept_at(result)
+    assert ways[-1].endswith("sys.last_value.partial"), ways
+    for way in ways:
+        *setup, expression = way.split("; ")
+        k.run("\n".join([*setup, f"_reached = {expression}"]))
+        same = "_reached is p or (hasattr(p, '__len__') and [id(r) for r in _reached] == [id(r) for r in p])"
+        assert k.value(f"(lambda p: {same})(sys.last_value.partial)") == "True", way
+    return ways
 
 
 def test_stop_during_server_bench_keeps_the_partial_run(kernel: Kernel) -> None:
@@ -67,7 +92,14 @@ def test_stop_during_server_bench_keeps_the_partial_run(kernel: Kernel) -> None:
     # 10 waves of 4 requests, about 4.4 s each on the twin: the first wave is done when Stop is pressed.
     cell = kernel.submit("runs = a.bench(concurrency=[4], prompts=40, input_len=256, output_len=300)")
     time.sleep(7.0)
-    _press_stop(kernel, cell)
+    result = _press_stop(kernel, cell)
+    # What stopped, after what, where the result is: the block a user reads instead of a traceback.
+    shown = result.traceback[0]
+    assert shown.startswith("Stopped by the user: sweep config-a at c=4, after 0 of 1 run; the cut run (c=4) had "), (
+        shown
+    )
+    assert " of 40 requests ok (" in shown and shown.endswith(" s)."), shown
+    assert _assert_reaches_the_partial(kernel, result) == ["a.runs", "sys.last_value.partial"]
     assert kernel.value("len(a.runs)") == "1"
     assert kernel.value("a.runs[-1].partial and a.runs[-1].interrupted") == "True"
     assert kernel.value("a.runs[-1].abort_reason") == "'interrupted by the user'"
@@ -82,7 +114,9 @@ def test_stop_during_server_bench_keeps_the_partial_run(kernel: Kernel) -> None:
         "r = bench.run(a.url, wl, bench.LoadSpec(concurrency=4, warmup=0))"
     )
     time.sleep(7.0)
-    _press_stop(kernel, cell)
+    result = _press_stop(kernel, cell)
+    assert result.traceback[0].startswith("Stopped by the user: benchmark c=4, after "), result.traceback
+    assert _assert_reaches_the_partial(kernel, result) == ["sys.last_value.partial"]
     assert kernel.value("type(sys.last_value.partial).__name__") == "'BenchResult'"
     assert (
         kernel.value("sys.last_value.partial.interrupted and sys.last_value.partial.summary.completed >= 1") == "True"
@@ -94,7 +128,9 @@ def test_stop_during_wait_ready_stops_the_server(kernel: Kernel) -> None:
     pid = int(kernel.value("s.handle.launcher_pid"))
     cell = kernel.submit("s.wait()")
     time.sleep(2.0)
-    _press_stop(kernel, cell)
+    result = _press_stop(kernel, cell)
+    assert result.traceback[1] == "The server was stopped.", result.traceback
+    assert _assert_reaches_the_partial(kernel, result) == ["s.readiness", "sys.last_value.partial"]
     assert kernel.value("s.readiness.verdict.value") == "'INTERRUPTED'"
     assert kernel.value("len(s.readiness.timeline) > 0") == "True"  # the phases seen so far are kept
     assert _gone(pid), "the server the watch started outlived the Stop"
@@ -109,10 +145,13 @@ def test_stop_during_sweep_hands_back_the_finished_runs(kernel: Kernel, tmp_path
         "runs = bench.sweep(a.url, lambda c: wl if c == 1 else bench.random_workload(40, 256, 3000, seed=3),"
         " [1, 8], progress=False)"
     )
+    kernel.run("del sys")  # a notebook that never imported sys is told how to reach the result
     cell = kernel.submit(code)
     _wait_output(kernel, marker)
     time.sleep(6.0)  # the c=1 run (8 short requests) is done by now; the c=8 run is long
-    _press_stop(kernel, cell)
+    result = _press_stop(kernel, cell)
+    assert result.traceback[0].startswith("Stopped by the user: sweep at c=1, 8, after 1 of 2 runs; the cut run (c=8)")
+    assert _assert_reaches_the_partial(kernel, result) == ["import sys; sys.last_value.partial"]
     partial = "sys.last_value.partial"
     assert kernel.value(f"type({partial}).__name__") == "'BenchRuns'"
     assert kernel.value(f"[r.concurrency for r in {partial}]") == "[1, 8]"
@@ -146,7 +185,10 @@ def test_stop_during_a_comparison_keeps_the_runs_and_stops_both_servers(kernel: 
     while not any(p.read_text().strip() for p in stores.glob("ab-*/bench_results.jsonl")):
         assert time.monotonic() < deadline, "the comparison never finished a run"
         time.sleep(0.1)
-    _press_stop(kernel, cell)
+    result = _press_stop(kernel, cell)
+    assert result.traceback[0].startswith("Stopped by the user: comparison config_b_fixed vs config_a, after "), result.traceback
+    assert " of 6 runs" in result.traceback[0] and result.traceback[1] == "Both servers are being stopped."
+    _assert_reaches_the_partial(kernel, result)
     partial = "sys.last_value.partial"
     assert kernel.value(f"type({partial}).__name__") == "'ABRuns'"
     assert int(kernel.value(f"len({partial}.a) + len({partial}.b)")) >= 1
@@ -162,6 +204,7 @@ def test_stop_during_profiling_keeps_the_load_run(kernel: Kernel) -> None:
     time.sleep(6.0)
     result = _press_stop(kernel, cell)
     assert "asked to stop profiling" in (result.evalue or "")
+    assert _assert_reaches_the_partial(kernel, result) == ["a.runs[-1]", "sys.last_value.partial"]
     assert kernel.value("a.runs[-1].interrupted and a.runs[-1].summary.completed >= 1") == "True"
     assert kernel.value("sys.last_value.partial is a.runs[-1]") == "True"
     assert kernel.value("a.is_alive()") == "True"  # profiling a server does not stop it

@@ -240,11 +240,18 @@ def test_every_report_opens_offline_with_its_charts(campaign: Campaign, tmp_path
                 "Array.from(document.images).filter(i => i.src.startsWith('data:image/svg'))"
                 ".map(i => [i.naturalWidth, i.getBoundingClientRect().width])"
             )
+            # Each chart says what it shows: the alt text is its title (inline SVGs carry it as their label).
+            unnamed = page.evaluate(
+                "[...document.images].filter(i => !(i.alt || '').trim() || i.alt.startsWith('No description'))"
+                ".map(i => i.src.slice(0, 60)).concat([...document.querySelectorAll('svg.marks')]"
+                ".filter(s => !(s.getAttribute('aria-label') || '').trim()).map(() => 'inline svg'))"
+            )
             page.screenshot(path=str(tmp_path / f"{page_path.parent.name}.png"), full_page=True)
             context.close()
             assert [r for r in requests if not r.startswith(("file:", "data:"))] == [], page_path
             assert errors == [], (page_path, errors)
             assert charts, f"no chart in {page_path}"
+            assert unnamed == [] and "No description has been provided" not in html, (page_path, unnamed)
             assert all(natural > 0 and shown > 100 for natural, shown in charts), (page_path, charts)
 
 

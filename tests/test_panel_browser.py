@@ -74,10 +74,34 @@ def _panel(page: Any) -> Any:
     return page.locator(".dsv4lab-panel").first
 
 
+#: What scrolls sideways: the page and the panel (a Box scrolls its overflow), as [scrollWidth, clientWidth].
+_SIDEWAYS = """() => {
+  const d = document.documentElement, p = document.querySelector('.dsv4lab-panel');
+  return {page: [d.scrollWidth, d.clientWidth], panel: [p.scrollWidth, p.clientWidth]};
+}"""
+
+
+def assert_no_sideways_scroll(page: Any) -> None:
+    widths = page.evaluate(_SIDEWAYS)
+    assert all(scroll <= client for scroll, client in widths.values()), widths
+
+
+#: The legend entries of the last chart in the results, and the series its marks draw (Vega labels each
+#: mark "...; kind: measured; ...").
+_LEGEND_AND_MARKS = """() => {
+  const svg = [...document.querySelectorAll('.dsv4lab-panel .dsv4lab-results svg')].pop();
+  const legend = [...svg.querySelectorAll('.role-legend-label text')].map(t => t.textContent);
+  const kinds = [...svg.querySelectorAll('.role-mark [aria-label]')]
+    .map(m => (m.getAttribute('aria-label').match(/kind: ([^;]+)/) || [])[1]).filter(k => k);
+  return {legend, drawn: [...new Set(kinds)]};
+}"""
+
+
 def test_tweak_see_the_shortfall_fix_launch_and_bench(jupyterlab: Any, tmp_path: Path) -> None:
     with launch_chromium() as browser:
-        # Tall enough for the whole panel, so that each screenshot shows it as a person scrolls through it.
-        page = browser.new_page(viewport={"width": 1440, "height": 3000})
+        # Tall enough for the whole panel, so that each screenshot shows it as a person scrolls through it;
+        # 1500 px wide, where a 4 px overflow once put a horizontal scrollbar under the whole panel.
+        page = browser.new_page(viewport={"width": 1500, "height": 3000})
         shots = Shots(page, tmp_path / "shots")
         page.goto(jupyterlab.url("lab/tree/lab.ipynb"))
         page.wait_for_function(_KERNEL_IDLE, timeout=90_000)
@@ -90,6 +114,7 @@ def test_tweak_see_the_shortfall_fix_launch_and_bench(jupyterlab: Any, tmp_path:
         assert "fits" in verdict.inner_text()
         chart_says(page, "every config fits")
         panel.scroll_into_view_if_needed()
+        assert_no_sideways_scroll(page)
         shots.take("b-fixed-green", panel)
 
         # Clear the graph cap: untick "set" beside cuda_graph_max_bs.
@@ -103,6 +128,17 @@ def test_tweak_see_the_shortfall_fix_launch_and_bench(jupyterlab: Any, tmp_path:
         fixes.first.wait_for(timeout=30_000)
         assert "cuda_graph_max_bs = 16" in fixes.first.inner_text()
         chart_says(page, "GiB short in CUDA graph capture")
+        # An unset field says what SGLang picks once: the note, not also the parked slider's readout.
+        cap = panel.locator(".dsv4lab-field-cuda_graph_max_bs")
+        page.wait_for_function(
+            "() => document.querySelector('.dsv4lab-field-cuda_graph_max_bs').innerText.includes('SGLang picks 256')",
+            timeout=30_000,
+        )
+        assert cap.inner_text().count("256") == 1, cap.inner_text()
+        for unset in ("cuda_graph_bs", "context_length"):  # text fields: their placeholder, once
+            row = panel.locator(f".dsv4lab-field-{unset}")
+            assert row.locator("input").get_attribute("placeholder") == "unset"
+            assert "unset" not in row.inner_text(), row.inner_text()
         shots.take("cleared-cap-red", panel)
 
         fixes.first.click()
@@ -137,6 +173,9 @@ def test_tweak_see_the_shortfall_fix_launch_and_bench(jupyterlab: Any, tmp_path:
         assert "output tok/s" in results.inner_text()
         assert table.locator("tr").count() >= 3  # header + C=1 + C=4
         results.locator("svg").last.wait_for(timeout=60_000)
+        series = page.evaluate(_LEGEND_AND_MARKS)
+        assert series["legend"] == series["drawn"] == ["measured"], series  # no entry for a bar not drawn
+        assert_no_sideways_scroll(page)
         shots.take("bench", panel)
 
         panel.locator(".dsv4lab-stop").click()

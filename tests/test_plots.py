@@ -336,6 +336,22 @@ def test_roofline_gap_puts_measured_bound_and_goal_on_one_log_axis() -> None:
     assert "goal 1,000 tok/s" in _texts(spec)
     scales = [d.get("scale", {}).get("type") for d in _walk(spec) if isinstance(d.get("scale"), dict)]
     assert "log" in scales
+    assert _colour_domains(spec) == [["measured", "roofline (memory bandwidth)"]]
+
+
+def test_roofline_gap_without_a_roofline_lists_and_explains_none() -> None:
+    # The panel's bench chart draws measured bars only: its legend must not offer a grey roofline bar.
+    spec, _ = _check(plots.roofline_gap({"config-b-fixed C=1": 6.8, "config-b-fixed C=4": 17.1}))
+    assert _colour_domains(spec) == [["measured"]]
+    assert not any("roofline" in t for t in _titles(spec))
+
+
+def _colour_domains(spec: dict[str, Any]) -> list[Any]:
+    return [
+        d["color"]["scale"]["domain"]
+        for d in _walk(spec)
+        if isinstance(d.get("color"), dict) and "domain" in d["color"].get("scale", {})
+    ]
 
 
 # -- server ---------------------------------------------------------------------------------------------------------
@@ -387,9 +403,11 @@ def test_svg_png_and_the_offline_renderer(tmp_path: Path) -> None:
     try:
         plots.enable_offline_renderer()
         renderer: Any = alt.renderers.get()
-        bundle: dict[str, Any] = renderer(plots.to_spec(chart))
+        bundle, metadata = renderer(plots.to_spec(chart))
     finally:
         alt.renderers.enable(before)
+    # The images say what the chart shows: the report writes this alt text on them.
+    assert metadata["image/svg+xml"]["alt"] == plots.alt_text(chart) and "Attention kernels" in plots.alt_text(chart)
     keys = set(bundle)
     vega = [k for k in keys if k.startswith("application/vnd.vegalite.v")]
     assert vega and "image/svg+xml" in keys and "text/plain" in keys

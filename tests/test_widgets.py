@@ -109,6 +109,8 @@ def test_b_fixed_fits_and_clearing_its_graph_cap_goes_red_with_the_shortfall_and
     assert 8.0 < short_by(p) < 13.0  # about 10 GiB by today's model
     assert p.config is not None and p.config.cuda_graph_max_bs is None
     assert "unset: SGLang picks 256" in p.controls["cuda_graph_max_bs"].note.value
+    # The pick is said once: the parked, greyed slider shows no readout of its own beside the note.
+    assert p.controls["cuda_graph_max_bs"].input.disabled and not p.controls["cuda_graph_max_bs"].input.readout
     assert "(drop --cuda-graph-max-bs-decode)" in p.view.flags.value
 
     labels = [b.description for b in p.suggestion_buttons]
@@ -119,6 +121,7 @@ def test_b_fixed_fits_and_clearing_its_graph_cap_goes_red_with_the_shortfall_and
     p.suggestion_buttons[0].click()
     assert p.verdict == "ok"
     assert p.controls["cuda_graph_max_bs"].value() == 16
+    assert p.controls["cuda_graph_max_bs"].input.readout  # set again: its value is its readout
     assert not p.changes  # back to exactly Config B-fixed
     assert "Same as Config B-fixed" in p.view.flags.value
 

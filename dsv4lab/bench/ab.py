@@ -18,7 +18,7 @@ import pandas as pd
 
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.results import BenchResult, BenchRuns
-from dsv4lab.bench.runner import _levels, run_async, run_sync
+from dsv4lab.bench.runner import _levels, run_async, run_sync, runs_after
 from dsv4lab.bench.stats import MIN_REPEATS, ABComparison, compare
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, Workload
@@ -169,6 +169,13 @@ async def _ab_into(
             return
 
 
+def _planned(concurrencies: Sequence[int] | int | str, repeats: int, interleave: bool) -> int | None:
+    try:
+        return len(ab_schedule(_levels(concurrencies), repeats, interleave=interleave))
+    except BenchError:
+        return None
+
+
 def _finish(reporter: Progress, runs: ABRuns) -> None:
     if runs.partial:
         reporter.finish(f"stopped early after {plural(len(runs.a) + len(runs.b), 'run')}", "fail")
@@ -202,11 +209,15 @@ def run_ab(
     )
     try:
         run_sync(coro, what="A/B benchmark", progress=reporter)
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt:
         partial = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)
-        reporter.finish(f"stopped by the user after {plural(len(partial.a) + len(partial.b), 'run')}", "fail")
+        # A run cut by the Stop is the last one made (at most one is cut: the A/B stops after it).
+        made = sorted([*partial.a, *partial.b], key=lambda r: r.partial)
+        after = runs_after(made, _planned(concurrencies, repeats, interleave))
+        reporter.finish(f"stopped by the user {after}", "fail")
         reporter.tick()
-        raise Interrupted(str(exc) or "A/B benchmark stopped by the user", partial) from None
+        what = f"A/B benchmark {label_b} vs {label_a}"
+        raise Interrupted(what, partial, after=after, elapsed_s=reporter.elapsed_s) from None
     out = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)
     _finish(reporter, out)
     reporter.tick()

@@ -344,7 +344,11 @@ def _run_detached(host: Host, argv: Sequence[str], prefix: str, timeout_s: float
             time.sleep(_POLL_S)
     except KeyboardInterrupt:
         threading.Thread(target=host.kill_tree, args=(pid,), kwargs={"grace_s": 2.0}, daemon=False).start()
-        raise Interrupted(f"{what} on {host.name} stopped by the user (its process tree is being killed)") from None
+        raise Interrupted(
+            f"{what} on {host.name}",
+            elapsed_s=time.monotonic() - start,
+            note="its process tree is being killed; nothing it measured is kept",
+        ) from None
     out = host.read_text(f"{prefix}.stdout", max_bytes=1 << 22) or ""
     err = host.read_text(f"{prefix}.stderr", max_bytes=1 << 20) or ""
     return CommandResult(host.name, shlex.join(argv), code, out, err, time.monotonic() - start, timed_out=timed_out)

@@ -113,7 +113,7 @@ class _Run:
         schedule: Sequence[float],
         cap: int | None,
         origin: float,
-        on_done: Callable[[int], None],
+        on_done: Callable[[int, int], None],
     ) -> list[RequestRecord]:
         """Dispatch every request on its schedule under the cap; return one record per request.
 
@@ -124,10 +124,10 @@ class _Run:
         records: list[RequestRecord | None] = [None] * n
         sem = asyncio.Semaphore(cap if cap is not None else max(n, 1))
         tasks: list[asyncio.Task[None]] = []
-        done = 0
+        done = ok = 0
 
         async def one(i: int) -> None:
-            nonlocal done
+            nonlocal done, ok
             try:
                 records[i] = await send_request(
                     self.pool,
@@ -141,7 +141,9 @@ class _Run:
             finally:
                 sem.release()
                 done += 1
-                on_done(done)
+                record = records[i]
+                ok += record is not None and record.status == "ok"
+                on_done(done, ok)
 
         try:
             for i in range(n):
@@ -294,7 +296,7 @@ async def run_async(
             cap = min(load.warmup, load.concurrency or load.warmup)
             reporter.update(f"{desc} warmup", fraction=0.0, detail=plural(len(warm), "request"))
             warm_payloads = _payloads(endpoint, warm, options, model)
-            await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _: None)
+            await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _k, _ok: None)
             await state.watch.settle()
         if load.flush_cache and not state.abort.is_set():
             reporter.update(f"{desc} flush cache", fraction=0.0)
@@ -317,10 +319,13 @@ async def run_async(
             ]
         else:
             total = len(specs)
-            reporter.update(desc, fraction=0.0, detail=f"0/{total} {plural(total, 'request', number=False)}")
+            reporter.update(desc, fraction=0.0, detail=f"0/{total} {plural(total, 'request', number=False)}, 0 ok")
 
-            def on_done(k: int) -> None:
-                reporter.update(fraction=k / total, detail=f"{k}/{total} {plural(total, 'request', number=False)}")
+            def on_done(k: int, ok: int) -> None:
+                # Finished is not ok: the table counts ok requests, so the line says both.
+                reporter.update(
+                    fraction=k / total, detail=f"{k}/{total} {plural(total, 'request', number=False)}, {ok} ok"
+                )
 
             records = await state.execute(specs, payloads, schedule, load.concurrency, origin, on_done)
             # The last requests failing can end the run while the probe they started is still asking: its
@@ -489,14 +494,57 @@ def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:
         return
     done = [x for x in runs if x.summary.completed]
     if runs and not done:
-        reporter.finish(f"FAILED: no request completed in {plural(len(runs), 'run')} ({first_error(runs[0])})", "fail")
+        reporter.finish(
+            f"FAILED: no request completed in {plural(len(runs), 'run')} ({first_error(runs[0])})",
+            "fail",
+            detail=_ok_detail(runs),
+        )
         return
     best = max(done, key=lambda x: x.on_hardware.output_throughput, default=None)
     text = f"done: {plural(len(runs), 'run')}"
     if best is not None:
         c = "unlimited" if best.concurrency is None else best.concurrency
         text += f", best {fmt_tok_s(best.on_hardware.output_throughput)} output at concurrency {c}{best.clock.tag}"
-    reporter.finish(text, "ok" if len(done) == len(runs) else "warn")
+    reporter.finish(text, "ok" if len(done) == len(runs) else "warn", detail=_ok_detail(runs))
+
+
+def _requests_ok(result: BenchResult) -> str:
+    """A run's requests as its table counts them: the ok ones of all it planned."""
+    return f"{result.summary.completed} of {plural(result.summary.total, 'request')} ok"
+
+
+def _ok_detail(runs: Sequence[BenchResult]) -> str:
+    """The runs' ok requests, in the table's terms (a run's last live count was of finished requests)."""
+    ok = sum(r.summary.completed for r in runs)
+    total = sum(r.summary.total for r in runs)
+    return f"{ok}/{total} {plural(total, 'request', number=False)} ok"
+
+
+def runs_after(runs: Sequence[BenchResult], planned: int | None) -> str:
+    """How far a stopped series of runs got: finished runs of those planned, and the cut one's requests."""
+    finished = [r for r in runs if not r.partial]
+    counted = len(finished) if planned is None else planned
+    of = "" if planned is None else f" of {planned}"
+    text = f"after {len(finished)}{of} {plural(counted, 'run', number=False)}"
+    cut = runs[-1] if runs and runs[-1].partial else None
+    if cut is not None:
+        level = "inf" if cut.concurrency is None else cut.concurrency
+        text += f"; the cut run (c={level}) had {_requests_ok(cut)}"
+    return text
+
+
+def _planned(concurrencies: Sequence[int | None] | int | str | None, repeats: int) -> int | None:
+    try:
+        return len(cap_levels(concurrencies)) * repeats
+    except BenchError:
+        return None
+
+
+def _shown_levels(concurrencies: Sequence[int | None] | int | str | None) -> str:
+    try:
+        return ", ".join("inf" if c is None else str(c) for c in cap_levels(concurrencies))
+    except BenchError:
+        return str(concurrencies)
 
 
 def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "benchmark", progress: Progress | None = None) -> T:
@@ -559,6 +607,9 @@ def run(
         else:
             reporter.finish("stopped" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}", "fail")
         reporter.tick()
+        if isinstance(exc, KeyboardInterrupt):
+            after = f"after {_requests_ok(partial)}" if isinstance(partial, BenchResult) else "before it measured"
+            raise Interrupted(f"benchmark {desc}", partial, after=after, elapsed_s=reporter.elapsed_s) from None
         raise
     _finish(reporter, result)
     reporter.tick()
@@ -599,10 +650,12 @@ def sweep(
     coro = _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, run_kw)
     try:
         run_sync(coro, what="sweep", progress=reporter)
-    except KeyboardInterrupt as exc:
-        reporter.finish(f"stopped by the user after {plural(len(runs), 'run')}", "fail")
+    except KeyboardInterrupt:
+        after = runs_after(runs, _planned(concurrencies, repeats))
+        reporter.finish(f"stopped by the user {after}", "fail", detail=_ok_detail(runs))
         reporter.tick()
-        raise Interrupted(str(exc) or "sweep stopped by the user", BenchRuns(runs)) from None
+        what = f"sweep {label}".strip() + f" at c={_shown_levels(concurrencies)}"
+        raise Interrupted(what, BenchRuns(runs), after=after, elapsed_s=reporter.elapsed_s) from None
     _finish_sweep(reporter, runs)
     reporter.tick()
     return BenchRuns(runs)

@@ -26,7 +26,16 @@ from dsv4lab.plots.bench import (
     throughput_vs_concurrency,
 )
 from dsv4lab.plots.memory import downsample_timeline, memory_budget, memory_timeline
-from dsv4lab.plots.render import enable_offline_renderer, mimebundle, save_png, svg_figure, to_spec, to_svg
+from dsv4lab.plots.render import (
+    alt_text,
+    display_metadata,
+    enable_offline_renderer,
+    mimebundle,
+    save_png,
+    svg_figure,
+    to_spec,
+    to_svg,
+)
 from dsv4lab.plots.server import decode_stats, kernel_breakdown
 from dsv4lab.plots.theme import register_theme
 
@@ -35,7 +44,9 @@ register_theme()
 __all__ = [
     "MEASURED",
     "MODELLED",
+    "alt_text",
     "decode_stats",
+    "display_metadata",
     "downsample_timeline",
     "enable_offline_renderer",
     "kernel_breakdown",

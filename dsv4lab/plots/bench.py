@@ -364,7 +364,9 @@ def roofline_gap(
     x_scale = alt.Scale(type="log", domain=[lo, hi], nice=False)
     # 1-3-10 ticks: Vega's own log ticks put 2,000 and 3,000 on top of each other near the right end.
     ticks = [m * 10**e for e in range(-2, 9) for m in (1, 3) if lo <= m * 10**e <= hi]
-    kinds = ["measured", "roofline (memory bandwidth)"]
+    drawn = set(data["kind"])  # the legend lists what is drawn: no roofline entry without its bars
+    palette = {"measured": OKABE_ITO["blue"], "roofline (memory bandwidth)": "#999999"}
+    kinds = [k for k in palette if k in drawn]
     bars = (
         alt.Chart(data)
         .mark_bar(height=22)
@@ -372,7 +374,7 @@ def roofline_gap(
             x=alt.X("tok_s:Q", title=f"{units} (log scale)", scale=x_scale, axis=alt.Axis(values=ticks)),
             x2=alt.datum(lo),
             y=alt.Y("what:N", title=None, sort=order, axis=alt.Axis(labelLimit=320)),
-            color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=kinds, range=[OKABE_ITO["blue"], "#999999"])),
+            color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=kinds, range=[palette[k] for k in kinds])),
             tooltip=[alt.Tooltip("what:N"), alt.Tooltip("tok_s:Q", format=",.1f")],
         )
     )
@@ -398,16 +400,19 @@ def roofline_gap(
     if title is None:
         gap = target_tok_s / best
         title = f"{best_name}: {best:,.1f} tok/s, {gap:,.0f}x below the {target_tok_s:,.0f} tok/s goal"
-    subtitle = ["roofline: weights, touched experts and KV cache read once per decode step at full memory bandwidth"]
-    if bounds:
+    subtitle: list[str] = []
+    if bounds:  # the roofline is explained where it is drawn
         b = max(bounds, key=lambda r: r.tok_s)
-        subtitle[0] += f" ({b.hardware}, {b.model}, TP{b.tp}, {b.context_tokens:,}-token context)"
+        subtitle.append(
+            "roofline: weights, touched experts and KV cache read once per decode step at full memory bandwidth"
+            f" ({b.hardware}, {b.model}, TP{b.tp}, {b.context_tokens:,}-token context)"
+        )
         subtitle.append(f"{best_name} reaches {best / b.tok_s:.1%} of the highest bound")
     if clock.is_twin:
         subtitle.append(f"twin run at time scale {clock.time_scale:g}, shown for the modelled hardware")
     chart_out: alt.LayerChart = alt.layer(bars, values, rule, rule_text).properties(
         width=WIDTH,
         height=max(120, 44 * len(order)),
-        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle),
+        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle or alt.Undefined),
     )
     return chart_out

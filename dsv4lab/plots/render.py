@@ -18,7 +18,16 @@ import vl_convert as vlc
 from dsv4lab.errors import PlotError
 from dsv4lab.plots.theme import THEME, register_theme, theme_enabled
 
-__all__ = ["enable_offline_renderer", "mimebundle", "save_png", "svg_figure", "to_spec", "to_svg"]
+__all__ = [
+    "alt_text",
+    "display_metadata",
+    "enable_offline_renderer",
+    "mimebundle",
+    "save_png",
+    "svg_figure",
+    "to_spec",
+    "to_svg",
+]
 
 RENDERER = "dsv4lab"
 
@@ -45,12 +54,51 @@ def _spec(chart: alt.TopLevelMixin | dict[str, Any]) -> dict[str, Any]:
 
 
 def to_svg(chart: alt.TopLevelMixin | dict[str, Any]) -> str:
-    """The chart as an SVG document, rendered locally (no network)."""
+    """The chart as an SVG document, rendered locally (no network), named by its title: a ``<title>`` and
+    ``role="img"`` with an ``aria-label`` on the root, so an inline chart (or its file) says what it shows."""
+    spec = _spec(chart)
     try:
-        svg: str = vlc.vegalite_to_svg(_spec(chart), vl_version=_vl_version(), allowed_base_urls=[])
+        svg: str = vlc.vegalite_to_svg(spec, vl_version=_vl_version(), allowed_base_urls=[])
     except Exception as exc:  # vl-convert raises ValueError/RuntimeError with the Vega error text
         raise PlotError(f"the chart could not be rendered: {exc}") from exc
-    return svg
+    return _named_svg(svg, alt_text(spec))
+
+
+def alt_text(chart: alt.TopLevelMixin | dict[str, Any]) -> str:
+    """What a chart shows, in words, for a reader who cannot see it: its title and subtitle (the titles
+    of its parts for a compound chart without one)."""
+    spec = _spec(chart)
+    own = _title_words(spec.get("title"))
+    if own:
+        return own
+    parts = [spec.get(key) for key in ("layer", "hconcat", "vconcat", "concat")]
+    titles = [_title_words(sub.get("title")) for part in parts if isinstance(part, list) for sub in part]
+    titles = [t for t in titles if t]
+    return "; ".join(dict.fromkeys(titles)) or "A chart without a title"
+
+
+def _title_words(title: Any) -> str:
+    """Vega-Lite's title (a string, lines, or ``{text, subtitle}``) as one line: "title — subtitle"."""
+
+    def line(value: Any) -> str:
+        if isinstance(value, (list, tuple)):
+            return " ".join(str(v).strip() for v in value if str(v).strip())
+        return str(value).strip() if isinstance(value, str) else ""
+
+    if isinstance(title, dict):
+        text, subtitle = line(title.get("text")), line(title.get("subtitle"))
+        return f"{text} — {subtitle}" if text and subtitle else text or subtitle
+    return line(title)
+
+
+def _named_svg(svg: str, name: str) -> str:
+    start = svg.find("<svg")
+    end = svg.find(">", start)
+    if start < 0 or end < 0:
+        return svg
+    label = html.escape(name, quote=True)
+    root = svg[start:end].replace(" role=", " data-vega-role=")  # the root's accessible role is the image
+    return f'{svg[:start]}{root} role="img" aria-label="{label}"><title>{label}</title>{svg[end + 1 :]}'
 
 
 def save_png(chart: alt.TopLevelMixin | dict[str, Any], path: str | Path, *, scale: float = 2.0) -> Path:
@@ -76,18 +124,27 @@ def svg_figure(chart: alt.TopLevelMixin | dict[str, Any], *, caption: str | None
 
 def mimebundle(chart: alt.TopLevelMixin | dict[str, Any]) -> dict[str, Any]:
     """What the offline renderer displays for ``chart``: Vega-Lite JSON, SVG and a text line."""
-    return _bundle(_spec(chart))
+    data, _ = _bundle(_spec(chart))
+    return data
 
 
-def _bundle(spec: dict[str, Any], **_: Any) -> dict[str, Any]:
+def display_metadata(chart: alt.TopLevelMixin | dict[str, Any]) -> dict[str, Any]:
+    """The display metadata that goes with :func:`mimebundle`: the images' alt text (the report's
+    template writes it on the chart's ``<img>``; without it nbconvert writes "No description...")."""
+    words = alt_text(chart)
+    return {"image/svg+xml": {"alt": words}, "image/png": {"alt": words}}
+
+
+def _bundle(spec: dict[str, Any], **_: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     mime = f"application/vnd.vegalite.v{alt.SCHEMA_VERSION.lstrip('v').split('.')[0]}+json"
     title = spec.get("title")
     text = title.get("text") if isinstance(title, dict) else title
-    return {
+    data = {
         mime: spec,
         "image/svg+xml": to_svg(spec),
         "text/plain": f"<dsv4lab chart: {text or 'untitled'}>",
     }
+    return data, display_metadata(spec)
 
 
 def enable_offline_renderer() -> None:

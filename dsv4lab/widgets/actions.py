@@ -79,7 +79,9 @@ class ResultsPane:
 
     def __init__(self, max_items: int = 40) -> None:
         self.max_items = max_items
-        self.widget = widgets.Output(layout=widgets.Layout(width="100%"))
+        # No margin: ipywidgets gives an Output 2 px each side, and 100 % plus 4 px is a horizontal
+        # scrollbar under the whole panel.
+        self.widget = widgets.Output(layout=widgets.Layout(width="100%", margin="0"))
         self.widget.add_class("dsv4lab-results")
         self._lock = threading.Lock()
 

@@ -266,7 +266,7 @@ class FieldControl:
                 if value < self.input.min:
                     self.input.min = value
                 self.input.value = value
-            self.input.disabled = value is None
+            self._show_unset(value is None)
         elif self.kind == "checkbox":
             self.input.value = bool(value)
         elif self.kind == "dropdown":
@@ -343,7 +343,13 @@ class FieldControl:
             self.toggle.observe(lambda _change: callback(), names="value")
 
     def _on_toggle(self, change: Mapping[str, Any]) -> None:
-        self.input.disabled = not change["new"]
+        self._show_unset(not change["new"])
+
+    def _show_unset(self, unset: bool) -> None:
+        """An unset slider is greyed and shows no number of its own: the note beside it says what SGLang
+        picks, and a parked slider's readout beside that said the same number twice."""
+        self.input.disabled = unset
+        self.input.readout = not unset
 
 
 def build_controls(release: SGLangRelease, cls: type = ServerConfig) -> dict[str, FieldControl]:
