@@ -26,9 +26,9 @@ from typing import Any
 from dsv4lab import htmlview as hv
 from dsv4lab.atomicfile import write_text_atomic
 from dsv4lab.campaignlock import campaign_lock
+from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError, Interrupted, NotebookError, UnknownNameError
 from dsv4lab.experiment import read_results, write_json_atomic
-from dsv4lab.counts import plural
 from dsv4lab.measurements import Measurement, by_config
 from dsv4lab.nbrun import (
     NotebookRun,

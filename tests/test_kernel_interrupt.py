@@ -186,7 +186,9 @@ def test_stop_during_a_comparison_keeps_the_runs_and_stops_both_servers(kernel: 
         assert time.monotonic() < deadline, "the comparison never finished a run"
         time.sleep(0.1)
     result = _press_stop(kernel, cell)
-    assert result.traceback[0].startswith("Stopped by the user: comparison config_b_fixed vs config_a, after "), result.traceback
+    assert result.traceback[0].startswith("Stopped by the user: comparison config_b_fixed vs config_a, after "), (
+        result.traceback
+    )
     assert " of 6 runs" in result.traceback[0] and result.traceback[1] == "Both servers are being stopped."
     _assert_reaches_the_partial(kernel, result)
     partial = "sys.last_value.partial"
