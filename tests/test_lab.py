@@ -49,9 +49,9 @@ def test_the_story_in_a_few_lines(lab: Lab) -> None:
     assert r is not None and r.first_line_s is not None and 0 < r.first_line_s < r.elapsed_s
     # On the twin the startup counts from the server's first log line, on the modelled hardware's clock.
     assert r.startup_s == pytest.approx((r.elapsed_s - r.first_line_s) / 0.05)
-    headline = a.readiness.headline()
+    headline = r.headline()
     assert headline.startswith("READY after ") and headline.endswith(" s (modelled)")
-    assert headline in a.readiness._repr_html_()
+    assert headline in r._repr_html_()
     assert len(a.runs) == 2 and isinstance(a.runs.to_frame(), pd.DataFrame)
     assert {"READY", "CRASHED"} == set(lab.ps()["state"])
 
