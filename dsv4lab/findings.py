@@ -101,6 +101,15 @@ class FixCandidate:
     kv_tokens: int
     why: str
 
+    @property
+    def origin(self) -> str:
+        """Where the change came from, in words: ``both changes the diagnosis proposed``."""
+        return {
+            "diagnosis": "proposed by the diagnosis",
+            "diagnosis (both)": "both changes the diagnosis proposed",
+            "memory model": "suggested by the memory model",
+        }.get(self.source, self.source)
+
 
 def fix_candidates(
     diagnosis: Diagnosis,

@@ -133,7 +133,7 @@ class Progress:
             parts.append(f"{self._fraction:.0%}")
         if self._detail:
             parts.append(self._detail)
-        parts.append(f"{self.elapsed_s:.1f} s")
+        parts.append(f"{self.elapsed_s:.1f} s wall clock")
         return " | ".join(parts)
 
     def _html(self) -> str:
@@ -152,7 +152,7 @@ class Progress:
             "<div style='text-align:left;font-family:system-ui,sans-serif;font-size:0.9em'>"
             f"<b>{html.escape(self.title)}</b> "
             f"<span style='color:{colour};font-weight:600'>{_SYMBOLS[self._state]} {html.escape(self._status)}</span>"
-            f"{bar}{detail} <span style='color:#57606a'>{self.elapsed_s:.1f} s</span></div>"
+            f"{bar}{detail} <span style='color:#57606a'>{self.elapsed_s:.1f} s wall clock</span></div>"
         )
 
     def _emit(self, *, force: bool, pending: bool = False) -> None:

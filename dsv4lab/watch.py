@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as _dt
 import posixpath
+import re
 import threading
 import time
 import urllib.error
@@ -95,10 +97,32 @@ VERDICT_STATE: dict[Verdict, State] = {
 @dataclass(frozen=True)
 class PhaseMark:
     """A startup phase first seen ``t`` seconds after the launch (or after the watch began, for a watch
-    begun more than :data:`LAUNCH_CLOCK_MAX_S` after it)."""
+    begun more than :data:`LAUNCH_CLOCK_MAX_S` after it); ``log_t``: when the server logged it, seconds after
+    its first timestamped log line by the log's own clock (None where the line has no timestamp)."""
 
     phase: str
     t: float
+    log_t: float | None = None
+
+
+#: The timestamp a log line starts with: SGLang's ``[2026-05-04 10:00:00.123 TP0]`` (milliseconds with
+#: ``SGLANG_LOG_MS``) or vLLM's ``INFO 05-04 10:00:00`` (no year: differences within a run are what count).
+_SGLANG_TS = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)")
+_VLLM_TS = re.compile(r"^(?:\(\S+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
+
+
+def log_timestamp(line: str) -> float | None:
+    """Seconds (an epoch on the log's own clock) of the timestamp a server log line starts with, if any."""
+    m = _SGLANG_TS.match(line)
+    try:
+        if m:
+            return _dt.datetime.fromisoformat(m.group(1)).timestamp()
+        m = _VLLM_TS.match(line)
+        if m:
+            return _dt.datetime.strptime("2000-" + m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+    except ValueError:
+        return None
+    return None
 
 
 @dataclass(frozen=True)
@@ -125,28 +149,34 @@ class Readiness:
     clock: Clock = field(default=REAL, compare=False)
     #: When the server's first log line was read, on the watch's clock (``elapsed_s``'s).
     first_line_s: float | None = field(default=None, compare=False)
+    #: The verdict's moment by the log's own clock: seconds from the first to the deciding timestamped line
+    #: (the ready line, or the last line of a death); None when the log has no timestamps.
+    log_end_s: float | None = field(default=None, compare=False)
 
     @property
     def ready(self) -> bool:
         return self.verdict is Verdict.READY
 
-    def _reading(self, t: float) -> float:
+    def _reading(self, t: float, log_t: float | None) -> float:
         """A time on the watch's clock as the reader's. On the twin the count starts at the server's first log
-        line: before it the twin is a Python process importing its modules, seconds of wall time that model
-        nothing (scaled up they would read as minutes of startup the hardware never spent)."""
+        line, by the log's own timestamps where it has them: before that line the twin is a Python process
+        importing its modules, seconds of wall time that model nothing (scaled up they would read as minutes
+        of startup the hardware never spent), and a watch begun late reads old lines all at once."""
         if not self.clock.is_twin:
             return t
+        if log_t is not None:
+            return self.clock.seconds(max(0.0, log_t))
         return self.clock.seconds(max(0.0, t - (self.first_line_s or 0.0)))
 
     @property
     def startup_s(self) -> float:
         """Seconds from the launch (or the watch's start; on the twin, the server's first log line) to the
         verdict, on the reader's clock."""
-        return self._reading(self.elapsed_s)
+        return self._reading(self.elapsed_s, self.log_end_s)
 
     def phases(self) -> tuple[tuple[str, float], ...]:
         """Each startup phase with the second it was reached, on the reader's clock."""
-        return tuple((m.phase, self._reading(m.t)) for m in self.timeline)
+        return tuple((m.phase, self._reading(m.t, m.log_t)) for m in self.timeline)
 
     def headline(self) -> str:
         """``READY after 145 s`` (on the reader's clock; the twin says it is modelled)."""
@@ -318,6 +348,9 @@ class _Watch:
         self.offset = 0
         self.count = 0  # lines read in all
         self.first_line_t: float | None = None  # when the server's first log line was read (from the origin)
+        self.first_ts: float | None = None  # the first timestamp the log gave, and the latest
+        self.last_ts: float | None = None
+        self.ready_log_t: float | None = None  # the ready line's moment by the log's clock
         self.bar: Progress | None = None
 
     def close(self) -> None:
@@ -327,11 +360,17 @@ class _Watch:
         if self.forward is not None:
             self.forward.close()
 
+    def log_t(self) -> float | None:
+        """Seconds from the log's first timestamp to its latest one (the server's own clock)."""
+        if self.first_ts is None or self.last_ts is None:
+            return None
+        return self.last_ts - self.first_ts
+
     def mark(self, phase: str) -> None:
         # Ranks interleave their lines: a phase counts once, when the first rank reaches it.
         if all(m.phase != phase for m in self.timeline):
             self.last_phase = phase
-            self.timeline.append(PhaseMark(phase, time.monotonic() - self.origin))
+            self.timeline.append(PhaseMark(phase, time.monotonic() - self.origin, self.log_t()))
             if self.bar is not None:
                 self.bar.update(phase)
 
@@ -339,6 +378,10 @@ class _Watch:
         if self.count == 0:
             self.first_line_t = time.monotonic() - self.origin
         self.count += 1
+        ts = log_timestamp(text)
+        if ts is not None:
+            self.first_ts = ts if self.first_ts is None else self.first_ts
+            self.last_ts = ts
         if len(self.head) < _HEAD_LINES:
             self.head.append(text)
         self.lines.append(text)
@@ -385,7 +428,17 @@ class _Watch:
             diag,
             self.handle.clock,
             self.first_line_t,
+            self.end_log_t(verdict),
         )
+
+    def end_log_t(self, verdict: Verdict) -> float | None:
+        """The verdict's moment by the log's clock: the ready line's for READY, else the last line's."""
+        if verdict is Verdict.READY:
+            ready = self.ready_log_t
+            ready = ready if ready is not None else next((m.log_t for m in self.timeline if m.phase == "ready"), None)
+            if ready is not None:
+                return ready
+        return self.log_t()
 
     def connect(self, reconnect_max_s: float) -> None:
         host = self.handle.host
@@ -487,6 +540,7 @@ class _Watch:
                         self.mark(label)
                     if kind is LineKind.READY and ready_at is None:
                         ready_at = time.monotonic()
+                        self.ready_log_t = self.log_t()
                     elif _is_fatal(kind):
                         if fatal_at is None:
                             fatal_at = time.monotonic()
