@@ -62,8 +62,8 @@ def _free_port() -> int:
 
 
 def _start_twin(port: int, time_scale: float, work: Path) -> subprocess.Popen[bytes]:
-    from dsv4lab.presets import config_a
-    from dsv4lab.render import render_argv
+    from dsv4lab.config.launch_script import render_argv
+    from dsv4lab.config.presets import config_a
 
     config = config_a().replace(port=port, kernel_config_dir=None)
     argv = [sys.executable, "-m", "dsv4lab.twin", *render_argv(config, "0.5.23")]

@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 from dsv4lab import plots  # noqa: E402
 from dsv4lab.bench import compare  # noqa: E402
-from dsv4lab.kernels import kernel_breakdown  # noqa: E402
-from dsv4lab.memory import preflight  # noqa: E402
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed  # noqa: E402
+from dsv4lab.model.memory import preflight  # noqa: E402
+from dsv4lab.model.roofline import decode_roofline  # noqa: E402
 from dsv4lab.plots.theme import theme_enabled  # noqa: E402
-from dsv4lab.presets import config_a, config_b, config_b_fixed  # noqa: E402
-from dsv4lab.roofline import decode_roofline  # noqa: E402
+from dsv4lab.serving.profiling import kernel_breakdown  # noqa: E402
 from tests.test_plots import _ab, _decode_log, _oom, _phases, _samples, _trace  # noqa: E402
 
 
@@ -97,7 +97,7 @@ def main() -> None:
     a, b = _ab()
     comparison = compare(a, b)
     log = ROOT / "tests" / "data" / "logs" / "sglang_0_5_4_tp2_eagle_capture_oom.log"
-    from dsv4lab.budget import observed_budget
+    from dsv4lab.model.budget import observed_budget
 
     charts: dict[str, Callable[[], Any]] = {
         "memory_timeline (30 s, 8 GPUs)": lambda: plots.memory_timeline(

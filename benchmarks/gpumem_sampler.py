@@ -5,7 +5,7 @@ Not a timed test: run by hand, figures go in the README. Both modes run the twin
 (``python -m dsv4lab.twin.smi``) through a real sshd on 127.0.0.1, reading the state files a running
 8-GPU twin would leave, so the per-sample work on the "host" is the same; only the transport differs:
 
-* stream: :class:`dsv4lab.gpumem.GpuSampler`, one ``-lms N`` loop on one channel, at several intervals;
+* stream: :class:`dsv4lab.serving.gpumem.GpuSampler`, one ``-lms N`` loop on one channel, at several intervals;
 * exec:   ``host.run(nvidia-smi --query-gpu=...)`` in a loop, as fast as it goes (one channel, one process
   start and one Python start per sample).
 
@@ -34,8 +34,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dsv4lab.gpumem import QUERY_FIELDS, GpuSampler, smi_command_for  # noqa: E402
 from dsv4lab.hosts import SSHHost  # noqa: E402
+from dsv4lab.serving.gpumem import QUERY_FIELDS, GpuSampler, smi_command_for  # noqa: E402
 from dsv4lab.twin.smi import write_gpu_state, write_main_state  # noqa: E402
 from tests.sshd import start_sshd  # noqa: E402
 

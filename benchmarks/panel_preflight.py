@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dsv4lab.memory import preflight  # noqa: E402
-from dsv4lab.presets import config_b_fixed  # noqa: E402
-from dsv4lab.widgets import ConfigPanel  # noqa: E402
+from dsv4lab.config.presets import config_b_fixed  # noqa: E402
+from dsv4lab.model.memory import preflight  # noqa: E402
+from dsv4lab.notebook.widgets import ConfigPanel  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

@@ -244,9 +244,9 @@ async def decode_rate(base: str, concurrency: int, prompt: int, new_tokens: int)
 
 
 def calibrate(time_scale: float, prompt: int, new_tokens: int) -> dict[str, float]:
-    from dsv4lab.hardware import hardware_profile
-    from dsv4lab.presets import config_a, config_b_fixed
-    from dsv4lab.render import render_argv
+    from dsv4lab.config.hardware import hardware_profile
+    from dsv4lab.config.launch_script import render_argv
+    from dsv4lab.config.presets import config_a, config_b_fixed
     from dsv4lab.twin.kernels import config_file_name
 
     out: dict[str, float] = {}

@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dsv4lab.config.presets import config_a, config_b  # noqa: E402
 from dsv4lab.hosts import SSHHost  # noqa: E402
-from dsv4lab.launch import launch  # noqa: E402
-from dsv4lab.presets import config_a, config_b  # noqa: E402
 from dsv4lab.rundir import RunLayout  # noqa: E402
-from dsv4lab.watch import Verdict, wait_ready  # noqa: E402
+from dsv4lab.serving.launch import launch  # noqa: E402
+from dsv4lab.serving.watch import Verdict, wait_ready  # noqa: E402
 from tests.sshd import free_port, start_sshd  # noqa: E402
 
 STORY_POLL_S = 25.0

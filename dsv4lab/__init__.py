@@ -17,13 +17,13 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from dsv4lab.resources import __version__
+
 # jsonschema (behind Altair, nbformat and papermill) imports the optional IRI checker ``rfc3987_syntax``
 # when it is installed (jupyter-events pulls it in), and that package compiles a parser grammar at import:
 # about 4 s on every kernel start and every command. Nothing dsv4lab validates has IRI-format fields, so
 # the checker is left out (jsonschema skips a checker whose import fails). Measured in benchmarks/imports.py.
 sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
-
-__version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
@@ -36,42 +36,42 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "dsv4lab.errors",
     "DSV4LabError": "dsv4lab.errors",
     "Diagnosis": "dsv4lab.logs",
-    "HardwareProfile": "dsv4lab.hardware",
+    "HardwareProfile": "dsv4lab.config.hardware",
     "Host": "dsv4lab.hosts",
     "HostConnectionError": "dsv4lab.errors",
     "HostError": "dsv4lab.errors",
     "HostKeyError": "dsv4lab.errors",
     "HostSetupError": "dsv4lab.errors",
     "Interrupted": "dsv4lab.errors",
-    "KernelBreakdown": "dsv4lab.kernels",
-    "Lab": "dsv4lab.lab",
+    "KernelBreakdown": "dsv4lab.serving.profiling",
+    "Lab": "dsv4lab.notebook.lab",
     "LaunchError": "dsv4lab.errors",
     "LoadSpec": "dsv4lab.bench",
     "LocalHost": "dsv4lab.hosts",
     "NotebookError": "dsv4lab.errors",
-    "Preflight": "dsv4lab.memory",
+    "Preflight": "dsv4lab.model.memory",
     "ProfileError": "dsv4lab.errors",
-    "Readiness": "dsv4lab.watch",
+    "Readiness": "dsv4lab.serving.watch",
     "SSHHost": "dsv4lab.hosts",
-    "Server": "dsv4lab.server",
-    "ServerConfig": "dsv4lab.config",
-    "SpeculativeConfig": "dsv4lab.config",
+    "Server": "dsv4lab.notebook.server",
+    "ServerConfig": "dsv4lab.config.server_config",
+    "SpeculativeConfig": "dsv4lab.config.server_config",
     "StaleServerError": "dsv4lab.errors",
-    "Verdict": "dsv4lab.watch",
-    "attach": "dsv4lab.launch",
+    "Verdict": "dsv4lab.serving.watch",
+    "attach": "dsv4lab.serving.launch",
     "compare": "dsv4lab.bench",
-    "config_a": "dsv4lab.presets",
-    "config_b": "dsv4lab.presets",
-    "config_b_fixed": "dsv4lab.presets",
-    "diagnose_with_model": "dsv4lab.diagnosis",
-    "hardware_profile": "dsv4lab.hardware",
-    "kernel_breakdown": "dsv4lab.kernels",
+    "config_a": "dsv4lab.config.presets",
+    "config_b": "dsv4lab.config.presets",
+    "config_b_fixed": "dsv4lab.config.presets",
+    "diagnose_with_model": "dsv4lab.model.diagnosis",
+    "hardware_profile": "dsv4lab.config.hardware",
+    "kernel_breakdown": "dsv4lab.serving.profiling",
     "open_host": "dsv4lab.hosts",
-    "preflight": "dsv4lab.memory",
-    "preset": "dsv4lab.presets",
+    "preflight": "dsv4lab.model.memory",
+    "preset": "dsv4lab.config.presets",
     "random_workload": "dsv4lab.bench",
-    "suggest": "dsv4lab.memory",
-    "wait_ready": "dsv4lab.watch",
+    "suggest": "dsv4lab.model.memory",
+    "wait_ready": "dsv4lab.serving.watch",
 }
 
 __all__ = [
@@ -139,8 +139,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from dsv4lab.bench import ABComparison, ABRuns, BenchResult, BenchRuns, LoadSpec, compare, random_workload
-    from dsv4lab.config import ServerConfig, SpeculativeConfig
-    from dsv4lab.diagnosis import diagnose_with_model
+    from dsv4lab.config.hardware import HardwareProfile, hardware_profile
+    from dsv4lab.config.presets import config_a, config_b, config_b_fixed, preset
+    from dsv4lab.config.server_config import ServerConfig, SpeculativeConfig
     from dsv4lab.errors import (
         BenchError,
         CommandError,
@@ -156,13 +157,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         ProfileError,
         StaleServerError,
     )
-    from dsv4lab.hardware import HardwareProfile, hardware_profile
     from dsv4lab.hosts import Host, LocalHost, SSHHost, open_host
-    from dsv4lab.kernels import KernelBreakdown, kernel_breakdown
-    from dsv4lab.lab import Lab
-    from dsv4lab.launch import attach
     from dsv4lab.logs import Diagnosis
-    from dsv4lab.memory import Preflight, preflight, suggest
-    from dsv4lab.presets import config_a, config_b, config_b_fixed, preset
-    from dsv4lab.server import Server
-    from dsv4lab.watch import Readiness, Verdict, wait_ready
+    from dsv4lab.model.diagnosis import diagnose_with_model
+    from dsv4lab.model.memory import Preflight, preflight, suggest
+    from dsv4lab.notebook.lab import Lab
+    from dsv4lab.notebook.server import Server
+    from dsv4lab.serving.launch import attach
+    from dsv4lab.serving.profiling import KernelBreakdown, kernel_breakdown
+    from dsv4lab.serving.watch import Readiness, Verdict, wait_ready

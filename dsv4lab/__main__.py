@@ -2,6 +2,6 @@
 
 import sys
 
-from dsv4lab.cli import main
+from dsv4lab.cli.main import main
 
 sys.exit(main())

@@ -15,18 +15,16 @@ and 1,034 tok/s a few lines apart, so the rule is:
 - every number carries its unit (the ``fmt_*`` helpers below).
 
 Results keep what was measured (a benchmark's ``summary``, a watch's ``elapsed_s``) because that is the
-record; :class:`Clock` converts it for reading, here and nowhere else.
+record; :class:`Clock` converts it for reading (``seconds``, ``rate``; a benchmark summary through
+:meth:`dsv4lab.bench.metrics.Summary.on_clock`, built on them), and nothing else converts anything.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from dsv4lab.bench.metrics import Distribution, Summary
+from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "REAL",
@@ -128,38 +126,6 @@ class Clock:
     def rate(self, measured_per_s: float) -> float:
         """A rate measured on the server (tok/s, req/s) as the reader's."""
         return measured_per_s if self.time_scale is None else measured_per_s * self.time_scale
-
-    def distribution(self, d: Distribution) -> Distribution:
-        """A latency distribution (ms) as the reader's; counts unchanged."""
-        if self.time_scale is None:
-            return d
-        k = 1 / self.time_scale
-        return replace(d, **{f.name: getattr(d, f.name) * k for f in fields(d) if f.name != "count"})
-
-    def summary(self, s: Summary) -> Summary:
-        """A benchmark summary as the reader's: durations and latencies divided, rates multiplied by the
-        scale; counts, tokens and the accept length unchanged. Goodput counts requests that met the SLO on
-        the twin clock; its rate is converted like the others."""
-        if self.time_scale is None:
-            return s
-        from dsv4lab.bench.metrics import Distribution
-
-        changes: dict[str, Any] = {"duration_s": self.seconds(s.duration_s)}
-        for name in (
-            "request_throughput",
-            "input_throughput",
-            "output_throughput",
-            "total_throughput",
-            "peak_output_throughput",
-        ):
-            changes[name] = self.rate(getattr(s, name))
-        for f in fields(s):
-            value = getattr(s, f.name)
-            if isinstance(value, Distribution):
-                changes[f.name] = self.distribution(value)
-        if s.goodput is not None:
-            changes["goodput"] = self.rate(s.goodput)
-        return replace(s, **changes)
 
 
 #: A real server's clock: figures as measured.

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4lab.labserver import DISABLED_PLUGINS  # what `dsv4lab lab` switches off: the news prompt
+from dsv4lab.notebook.labserver import DISABLED_PLUGINS  # what `dsv4lab lab` switches off: the news prompt
 
 __all__ = [
     "CHROMIUM_ARGS",

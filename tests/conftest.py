@@ -34,8 +34,8 @@ def require(available: bool, what: str) -> None:
 @pytest.fixture(scope="session")
 def tuned_kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The FP8 kernel-config folder the presets expect, as the twin's stand-in autotune writes it."""
-    from dsv4lab.hardware import hardware_profile, model_profile
-    from dsv4lab.presets import MODEL
+    from dsv4lab.config.hardware import hardware_profile, model_profile
+    from dsv4lab.config.presets import MODEL
     from dsv4lab.twin.kernels import write_tuned_configs
 
     out = tmp_path_factory.mktemp("kernel-configs")

@@ -20,15 +20,15 @@ import pytest
 
 from dsv4lab import Lab, cli
 from dsv4lab.bench.workload import sharegpt_workload
-from dsv4lab.campaign import load_campaign
-from dsv4lab.config import ServerConfig, load
+from dsv4lab.config.presets import config_a
+from dsv4lab.config.server_config import ServerConfig, load
 from dsv4lab.errors import BenchError, ConfigError, HostConnectionError, HostKeyError, LogError
-from dsv4lab.experiment import Experiment
 from dsv4lab.logs import parse_log
-from dsv4lab.memory import preflight
-from dsv4lab.nbrun import check_hosts, run_notebook
-from dsv4lab.presets import config_a
-from dsv4lab.sweeps import load_points, run_sweep
+from dsv4lab.model.memory import preflight
+from dsv4lab.notebook.campaign import load_campaign
+from dsv4lab.notebook.experiment import Experiment
+from dsv4lab.notebook.nbrun import check_hosts, run_notebook
+from dsv4lab.notebook.sweeps import load_points, run_sweep
 from tests.sshd import SSHD, free_port
 
 # -- the inputs the rows point at ---------------------------------------------------------------------------------
@@ -693,7 +693,7 @@ WIDGET_ROWS: list[tuple[str, str, Any, str]] = [
 
 @pytest.mark.parametrize(("control", "value", "allows"), [r[1:] for r in WIDGET_ROWS], ids=[r[0] for r in WIDGET_ROWS])
 def test_widget_fields_show_the_error_at_the_control(control: str, value: Any, allows: str) -> None:
-    from dsv4lab.widgets import ConfigPanel
+    from dsv4lab.notebook.widgets import ConfigPanel
 
     p = ConfigPanel(preset="config_b_fixed", debounce_s=0, charts=False)
     widget = p.controls[control]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dsv4lab.bench import ResultStore, parse_stdout, random_workload, run_ab_async
-from dsv4lab.bench.cli import bench_main
-from dsv4lab.cli import main as cli_main
+from dsv4lab.cli.bench import bench_main
+from dsv4lab.cli.main import main as cli_main
 from tests.test_bench_fakeserver import FakeServer, ServerBehaviour, fake_server
 
 #: The keys of SGLang 0.5.23's bench_serving --output-file object (its `result` dict), and --output-details.

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.config import ServerConfig
-from dsv4lab.launch import ServerHandle, launch
-from dsv4lab.watch import wait_ready
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.serving.launch import ServerHandle, launch
+from dsv4lab.serving.watch import wait_ready
 from tests.sshd import SSHD, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from dsv4lab.bench.cli import bench_main
+from dsv4lab.cli.bench import bench_main
 from tests.test_twin_support import free_port, running_twin, twin_env, wait_healthy
 
 TINY = ["--model-path", "dsv4lab/tiny-moe", "--tp-size", "2"]

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.budget import (
+from dsv4lab.config.presets import config_b, config_b_fixed
+from dsv4lab.hosts import LocalHost
+from dsv4lab.model.budget import (
     CATEGORIES,
     budget_frame,
     compare_budgets,
@@ -18,12 +20,10 @@ from dsv4lab.budget import (
     phases_frame,
     phases_from_log,
 )
-from dsv4lab.hosts import LocalHost
-from dsv4lab.launch import launch
-from dsv4lab.memory import preflight
-from dsv4lab.presets import config_b, config_b_fixed
-from dsv4lab.roofline import decode_roofline
-from dsv4lab.watch import Verdict, wait_ready
+from dsv4lab.model.memory import preflight
+from dsv4lab.model.roofline import decode_roofline
+from dsv4lab.serving.launch import launch
+from dsv4lab.serving.watch import Verdict, wait_ready
 from tests.sshd import free_port
 
 DATA = Path(__file__).parent / "data" / "logs"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.cli import main
-from dsv4lab.config import ServerConfig, save
-from dsv4lab.presets import config_b_fixed
+from dsv4lab.cli.main import main
+from dsv4lab.config.presets import config_b_fixed
+from dsv4lab.config.server_config import ServerConfig, save
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from dsv4lab import cli
-from dsv4lab.argparsing import plain_text
+from dsv4lab.cli.argparsing import plain_text
 
 #: What a terminal shows as noise: reST literals and roles, Markdown code spans and bold.
 MARKUP = re.compile(r"``|`|:(?:func|class|mod|meth|attr|data|exc):|\*\*")

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dsv4lab.config import (
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed, preset
+from dsv4lab.config.server_config import (
     ConfigDiff,
     EnvVars,
     ServerConfig,
@@ -21,7 +22,6 @@ from dsv4lab.config import (
     save,
 )
 from dsv4lab.errors import ConfigError, DSV4LabError
-from dsv4lab.presets import config_a, config_b, config_b_fixed, preset
 
 # -- validation -----------------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ import pytest
 
 from dsv4lab import plots
 from dsv4lab.bench import BenchRuns
-from dsv4lab.bench.cli import bench_main
-from dsv4lab.config import SpeculativeConfig
+from dsv4lab.cli.bench import bench_main
+from dsv4lab.config.server_config import SpeculativeConfig
 from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError
 from dsv4lab.logs.runs import diagnose

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.calibration import calibrate, config_from_server_args, hardware_for_total
-from dsv4lab.diagnosis import diagnose_with_model
-from dsv4lab.hardware import model_profile
+from dsv4lab.config.hardware import model_profile
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
 from dsv4lab.hosts import LocalHost
-from dsv4lab.launch import launch
 from dsv4lab.logs import Outcome, Phase
-from dsv4lab.memory import preflight
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.watch import wait_ready
+from dsv4lab.model.calibration import calibrate, config_from_server_args, hardware_for_total
+from dsv4lab.model.diagnosis import diagnose_with_model
+from dsv4lab.model.memory import preflight
+from dsv4lab.serving.launch import launch
+from dsv4lab.serving.watch import wait_ready
 from tests.sshd import free_port
 
 

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from dsv4lab import cli
-from dsv4lab.config import ServerConfig
+from dsv4lab.config.hardware import hardware_profile
+from dsv4lab.config.presets import config_a, preset
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.config.versions import resolve_release
 from dsv4lab.errors import BenchError, ConfigError, UnknownNameError, VersionError, closest_name
-from dsv4lab.hardware import hardware_profile
-from dsv4lab.nbrun import check_parameters, find_notebook
-from dsv4lab.presets import config_a, preset
+from dsv4lab.notebook.nbrun import check_parameters, find_notebook
 from dsv4lab.twin.faults import parse_fault
-from dsv4lab.versions import resolve_release
 
 # -- the helper ---------------------------------------------------------------------------------------------------
 
@@ -153,20 +153,20 @@ def test_argparse_choices_and_commands_suggest_too(
 
 
 def _lab_launch() -> Any:
-    from dsv4lab.lab import Lab
+    from dsv4lab.notebook.lab import Lab
 
     with Lab("local", target="twin", hardware="tiny", progress=False, run_root="unused") as lab:
         return lab.launch("config_bb")
 
 
 def _panel() -> Any:
-    from dsv4lab.widgets import ConfigPanel
+    from dsv4lab.notebook.widgets import ConfigPanel
 
     return ConfigPanel(preset="config_bb", debounce_s=0, charts=False)
 
 
 def _panel_set() -> Any:
-    from dsv4lab.widgets import ConfigPanel
+    from dsv4lab.notebook.widgets import ConfigPanel
 
     ConfigPanel(preset="config_a", debounce_s=0, charts=False).set(mem_frac=0.6)
 
@@ -212,7 +212,7 @@ def test_the_library_raises_the_named_error_with_the_guess(
 
 
 def test_a_sweep_point_file_with_a_typo_is_refused_with_the_guess(tmp_path: Path) -> None:
-    from dsv4lab.sweeps import load_points, run_sweep
+    from dsv4lab.notebook.sweeps import load_points, run_sweep
 
     points = tmp_path / "points.toml"
     points.write_text("[[point]]\nmem_fracton_static = 0.6\n", encoding="utf-8")

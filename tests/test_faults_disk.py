@@ -70,7 +70,7 @@ def test_a_notebook_that_fills_the_disk_keeps_whole_files_and_says_what_was_not_
         tmp_path / "fill.ipynb",
         "leave: int = 0  # bytes to leave free",
         [
-            "from dsv4lab.experiment import Experiment\n"
+            "from dsv4lab.notebook.experiment import Experiment\n"
             "exp = Experiment.from_namespace(globals())\n"
             "exp.record(answer=42)\n"
             "print('recorded')",

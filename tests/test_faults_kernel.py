@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.cli import main
+from dsv4lab.cli.main import main
 from tests.kernel import Kernel
 from tests.test_faults_support import SCALE, alive, kill_tree_now, no_processes_left, wait_for
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 SETUP = f"""
 import sys
 from dsv4lab import Lab
-from dsv4lab.config import ServerConfig
+from dsv4lab.config.server_config import ServerConfig
 cfg = ServerConfig(model_path="dsv4lab/tiny-moe", tp=2, mem_fraction_static=0.8)
 lab = Lab(run_root={{root!r}}, hardware="tiny", time_scale={SCALE}, progress=False)
 """

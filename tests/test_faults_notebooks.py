@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.cli import main
+from dsv4lab.cli.main import main
 from tests.test_faults_support import LAUNCH_TINY, alive, cli, cli_popen, wait_for, write_notebook
 
 pytestmark = pytest.mark.slow
@@ -132,7 +132,7 @@ def test_a_failed_step_is_rerun_and_finished_steps_are_reused(
         tmp_path / "record.ipynb",
         "value: int = 1  # what to record",
         [
-            "from dsv4lab.experiment import Experiment\n"
+            "from dsv4lab.notebook.experiment import Experiment\n"
             "exp = Experiment.from_namespace(globals())\n"
             "exp.record(value=value * 2)\n"
             "print('recorded', value * 2)"
@@ -144,7 +144,7 @@ def test_a_failed_step_is_rerun_and_finished_steps_are_reused(
         "value: int = 0  # from the step before\nfault: str = ''  # the kernel dies while this file exists",
         [
             "import os, signal\n"
-            "from dsv4lab.experiment import Experiment\n"
+            "from dsv4lab.notebook.experiment import Experiment\n"
             "if fault and os.path.exists(fault):\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
             "exp = Experiment.from_namespace(globals())\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dsv4lab import Lab
-from dsv4lab.cli import main
+from dsv4lab.cli.main import main
 from dsv4lab.errors import ProfileError, StaleServerError
 from tests.test_faults_support import (
     SCALE,

@@ -20,11 +20,11 @@ import psutil
 import pytest
 
 from dsv4lab import Lab
-from dsv4lab.cli import main
+from dsv4lab.cli.main import main
 from dsv4lab.errors import HostConnectionError
 from dsv4lab.hosts import LocalHost
-from dsv4lab.launch import attach, launch
-from dsv4lab.watch import Verdict, wait_ready
+from dsv4lab.serving.launch import attach, launch
+from dsv4lab.serving.watch import Verdict, wait_ready
 from tests.sshd import SSHD, free_port, start_sshd
 from tests.test_faults_support import (
     ROOT,

@@ -18,7 +18,7 @@ from typing import Any
 import nbformat
 import psutil
 
-from dsv4lab.config import ServerConfig
+from dsv4lab.config.server_config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +149,7 @@ def write_notebook(path: Path, parameters: str, cells: Sequence[str], *, title: 
 LAUNCH_TINY = (
     "from pathlib import Path\n"
     "from dsv4lab import Lab\n"
-    "from dsv4lab.config import ServerConfig\n"
+    "from dsv4lab.config.server_config import ServerConfig\n"
     f"lab = Lab(run_root=run_dir, hardware='tiny', time_scale={SCALE}, progress=False)\n"
     "s = lab.launch(ServerConfig(model_path='dsv4lab/tiny-moe', tp=2, mem_fraction_static=0.8), name='tiny').wait()\n"
     "print(s.state)"

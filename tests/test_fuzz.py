@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsv4lab.bench.sse import SSEEvent, SSEParser
-from dsv4lab.diagnosis import diagnose_with_model
 from dsv4lab.errors import LogError
 from dsv4lab.logs import Diagnosis, LogParser, classify_line, diagnose, parse_log
+from dsv4lab.model.diagnosis import diagnose_with_model
 from dsv4lab.secrets import redact_text
 
 EXAMPLES = int(os.environ.get("DSV4LAB_FUZZ_EXAMPLES", "120"))

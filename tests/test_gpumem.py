@@ -15,9 +15,12 @@ import psutil
 import pytest
 
 from dsv4lab import plots
-from dsv4lab.budget import oom_point, phases_from_log
-from dsv4lab.config import ServerConfig
-from dsv4lab.gpumem import (
+from dsv4lab.config.presets import config_b
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.hosts import Host, LocalHost, SSHHost
+from dsv4lab.model.budget import oom_point, phases_from_log
+from dsv4lab.model.memory import preflight
+from dsv4lab.serving.gpumem import (
     COLUMNS,
     GpuSampler,
     GpuSamplerError,
@@ -27,11 +30,8 @@ from dsv4lab.gpumem import (
     smi_command_for,
     twin_interval_ms,
 )
-from dsv4lab.hosts import Host, LocalHost, SSHHost
-from dsv4lab.launch import ServerHandle, launch
-from dsv4lab.memory import preflight
-from dsv4lab.presets import config_b
-from dsv4lab.watch import Verdict, wait_ready
+from dsv4lab.serving.launch import ServerHandle, launch
+from dsv4lab.serving.watch import Verdict, wait_ready
 from tests.sshd import SSHD, free_port
 
 SCALE = 0.1  # a story startup takes about three seconds; phases last several samples at 50 ms

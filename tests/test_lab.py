@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from dsv4lab import ConfigError, Lab, StaleServerError, Verdict
+from dsv4lab.config.presets import KERNEL_CONFIG_DIR
 from dsv4lab.errors import BenchError, HostSetupError
-from dsv4lab.launch import launch
-from dsv4lab.presets import KERNEL_CONFIG_DIR
+from dsv4lab.serving.launch import launch
 from tests.sshd import SSHD
 
 pytestmark = pytest.mark.slow

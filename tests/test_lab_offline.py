@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dsv4lab.labserver import DISABLED_PLUGINS, LAB_CONFIG_DIR, LabServer, lab_argv, lab_env, start_lab
+from dsv4lab.notebook.labserver import DISABLED_PLUGINS, LAB_CONFIG_DIR, LabServer, lab_argv, lab_env, start_lab
 from tests.browser import launch_chromium, require_browser
 
 NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"

@@ -15,10 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsv4lab.config import ServerConfig
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
+from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.errors import HostSetupError
 from dsv4lab.hosts import Host, LocalHost, SSHHost
-from dsv4lab.launch import (
+from dsv4lab.serving.launch import (
     LaunchError,
     ServerHandle,
     StaleServerError,
@@ -27,8 +28,7 @@ from dsv4lab.launch import (
     launch_nodes,
     reserve_port,
 )
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.watch import Verdict, wait_ready, wait_ready_all
+from dsv4lab.serving.watch import Verdict, wait_ready, wait_ready_all
 from tests.sshd import SSHD, free_port
 
 SCALE = "0.02"  # twin durations x 0.02: a story startup takes about a second

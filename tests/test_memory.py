@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4lab.config import ServerConfig, SpeculativeConfig
+from dsv4lab.config.hardware import HARDWARE, hardware_profile, model_profile
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
+from dsv4lab.config.server_config import ServerConfig, SpeculativeConfig
+from dsv4lab.config.versions import resolve_release
 from dsv4lab.errors import ConfigError
-from dsv4lab.hardware import HARDWARE, hardware_profile, model_profile
-from dsv4lab.memory import capture_batch_sizes, default_mem_fraction_static, preflight, suggest
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.versions import resolve_release
+from dsv4lab.model.memory import capture_batch_sizes, default_mem_fraction_static, preflight, suggest
 
 
 @pytest.mark.parametrize("version", ["0.5.4", "0.5.23"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4lab.nbkernel import HeadlessKernelManager
+from dsv4lab.notebook.nbkernel import HeadlessKernelManager
 from tests.test_faults_support import cli, wait_for, write_notebook
 
 pytestmark = pytest.mark.slow

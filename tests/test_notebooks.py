@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from dsv4lab.errors import ConfigError
-from dsv4lab.nbrun import NOTEBOOK_DIR, check_parameters, find_notebook, list_notebooks, notebook_parameters
+from dsv4lab.notebook.nbrun import NOTEBOOK_DIR, check_parameters, find_notebook, list_notebooks, notebook_parameters
 from tests.browser import launch_chromium
 from tests.figures import problems, read_page
 
@@ -272,7 +272,7 @@ def _twin_clock_values(run_dirs: list[Path]) -> frozenset[str]:
 def test_every_figure_says_its_unit_and_its_clock(campaign: Campaign) -> None:
     """Reports and the index read on the modelled hardware: no twin-clock figure outside a column that says
     so, no number without its unit, every time axis on the modelled clock, nothing above the roofline."""
-    from dsv4lab.roofline import decode_roofline
+    from dsv4lab.model.roofline import decode_roofline
 
     roofline = max(decode_roofline("rtx-pro-6000-x8", concurrency=c).tok_s for c in (1, 16))
     twin = _twin_clock_values(list(campaign.steps.values()))

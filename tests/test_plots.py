@@ -19,12 +19,12 @@ import vl_convert as vlc
 from dsv4lab import plots
 from dsv4lab.bench import BenchResult, Provenance, RequestRecord, compare, summarize
 from dsv4lab.bench.results import records_frame
-from dsv4lab.budget import OomPoint, PhaseSpan, observed_budget
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
 from dsv4lab.errors import PlotError
-from dsv4lab.kernels import kernel_breakdown
-from dsv4lab.memory import preflight
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.roofline import decode_roofline
+from dsv4lab.model.budget import OomPoint, PhaseSpan, observed_budget
+from dsv4lab.model.memory import preflight
+from dsv4lab.model.roofline import decode_roofline
+from dsv4lab.serving.profiling import kernel_breakdown
 from dsv4lab.units import Clock
 
 DATA = Path(__file__).parent / "data" / "logs"

@@ -9,7 +9,7 @@ import nbformat
 import papermill
 import pytest
 
-from dsv4lab.nbrun import IOPUB_TIMEOUT_S
+from dsv4lab.notebook.nbrun import IOPUB_TIMEOUT_S
 from tests.test_faults_support import no_processes_left
 
 pytestmark = pytest.mark.slow

@@ -106,8 +106,8 @@ _OVERRIDES = {"Lab.launch", "Lab.config", "Lab.preflight", "Lab.suggest", "Lab.c
 
 def test_the_notebook_api_has_explicit_keywords() -> None:
     from dsv4lab import bench
-    from dsv4lab.lab import Lab
-    from dsv4lab.server import Server
+    from dsv4lab.notebook.lab import Lab
+    from dsv4lab.notebook.server import Server
 
     callables: list[tuple[str, object]] = [(n, getattr(dsv4lab, n)) for n in dsv4lab.__all__]
     callables += [(f"bench.{n}", getattr(bench, n)) for n in bench.__all__]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from dsv4lab.config import ServerConfig, SpeculativeConfig
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.render import render_argv
+from dsv4lab.config.launch_script import render_argv
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
+from dsv4lab.config.server_config import ServerConfig, SpeculativeConfig
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]

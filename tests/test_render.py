@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsv4lab.config import ServerConfig, SpeculativeConfig
+from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script, server_command
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
+from dsv4lab.config.server_config import ServerConfig, SpeculativeConfig
+from dsv4lab.config.versions import RELEASES, VersionFallbackWarning, parse_version, resolve_release
 from dsv4lab.errors import UnsupportedFlagError, VersionError
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.render import render_argv, render_env_file, render_launch_script, server_command
 from dsv4lab.rundir import RunLayout
-from dsv4lab.versions import RELEASES, VersionFallbackWarning, parse_version, resolve_release
 
 BASH = shutil.which("bash") or "/bin/bash"
 

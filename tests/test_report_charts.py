@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from dsv4lab import plots
-from dsv4lab.nbrun import run_notebook
-from dsv4lab.report import render_report
+from dsv4lab.notebook.nbrun import run_notebook
+from dsv4lab.notebook.report import render_report
 from tests.test_faults_support import write_notebook
 
 NBCONVERT_DEFAULT = "No description has been provided for this image"
@@ -66,7 +66,7 @@ def test_every_chart_in_a_report_carries_its_title_as_alt_text(tmp_path: Path) -
     # as the cell's value through the offline renderer; and a chart whose parts carry the titles.
     chart = (
         "import altair as alt, pandas as pd\n"
-        "from dsv4lab.experiment import Experiment\n"
+        "from dsv4lab.notebook.experiment import Experiment\n"
         "ex = Experiment.from_namespace(globals())\n"
         "df = pd.DataFrame({'c': [1, 16], 'v': [12.5, 20.0]})\n"
         "bars = alt.Chart(df).mark_bar().encode(x='c:O', y='v:Q')"

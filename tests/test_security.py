@@ -2,7 +2,7 @@
 no script and show no home paths, host keys are checked, remote commands cannot be injected.
 
 Real parts throughout: the twin as real processes (the tiny profile), the real sshd, a real Jupyter kernel
-running a notebook through ``dsv4lab.nbrun``, JupyterLab started by ``dsv4lab lab``, chromium for the report.
+running a notebook through ``dsv4lab.notebook.nbrun``, JupyterLab started by ``dsv4lab lab``, chromium for the report.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsv4lab import cli
-from dsv4lab.config import ServerConfig, load, save
+from dsv4lab.config.server_config import ServerConfig, load, save
 from dsv4lab.errors import ConfigError
 from dsv4lab.hosts import LocalHost, SSHHost
-from dsv4lab.launch import attach, launch
-from dsv4lab.nbrun import run_notebook
-from dsv4lab.report import defang_html, scrub_home
+from dsv4lab.notebook.nbrun import run_notebook
+from dsv4lab.notebook.report import defang_html, scrub_home
 from dsv4lab.secrets import REDACTED, collect_secrets, is_secret_name, redact_argv, redact_data, redact_text
-from dsv4lab.watch import wait_ready
+from dsv4lab.serving.launch import attach, launch
+from dsv4lab.serving.watch import wait_ready
 from tests.sshd import SSHD, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,8 +164,8 @@ NOTEBOOK_CELLS = [
         "import os\n"
         "from IPython.display import HTML, display\n"
         "from dsv4lab import Lab\n"
-        "from dsv4lab.config import ServerConfig\n"
-        "from dsv4lab.experiment import parse_overrides, write_json_atomic\n"
+        "from dsv4lab.config.server_config import ServerConfig\n"
+        "from dsv4lab.atomicfile import write_json_atomic\nfrom dsv4lab.notebook.experiment import parse_overrides\n"
         "lab = Lab('local', target='twin', hardware=hardware, time_scale=time_scale, run_root=run_dir,\n"
         "          progress=False)\n"
         "env = {k.removeprefix('env.'): v for k, v in parse_overrides(server_env).items()}\n"
@@ -303,7 +303,7 @@ def test_the_cli_launch_of_the_issue_keeps_the_token_in_env_sh_only(tmp_path: Pa
 
 def test_the_copies_a_server_fetches_from_a_remote_host_are_redacted(sshd: SSHD, tmp_path: Path) -> None:
     """Over SSH: the remote run dir is 0700 with 0600 files (env.sh too), and the local copies hold no token."""
-    from dsv4lab.lab import Lab
+    from dsv4lab.notebook.lab import Lab
 
     remote_root = tmp_path / "remote"
     with Lab(
@@ -339,7 +339,7 @@ def test_ssh_port_forwards_listen_on_loopback_only(ssh_host: SSHHost) -> None:
 
 
 def test_dsv4lab_lab_binds_loopback_with_a_token(tmp_path: Path) -> None:
-    from dsv4lab.labserver import start_lab
+    from dsv4lab.notebook.labserver import start_lab
 
     env = {
         "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
@@ -371,8 +371,8 @@ def test_dsv4lab_lab_binds_loopback_with_a_token(tmp_path: Path) -> None:
 def test_every_server_in_the_code_binds_loopback_by_default() -> None:
     """The twin's --host default is SGLang's (127.0.0.1), the config's too; no code (or test fake server) binds a
     wildcard address, and the test JupyterLab is started on 127.0.0.1."""
+    from dsv4lab.config.versions import resolve_release
     from dsv4lab.twin.args import parse_args
-    from dsv4lab.versions import resolve_release
 
     assert ServerConfig(model_path="m").host == "127.0.0.1"
     parsed = parse_args(["--model-path", "dsv4lab/tiny-moe"], resolve_release("0.5.23"))
@@ -390,9 +390,9 @@ def test_every_server_in_the_code_binds_loopback_by_default() -> None:
 def test_host_keys_are_checked_by_default() -> None:
     """Unknown keys are refused unless the caller opts in; tests/test_hosts.py shows the refusal, the opt-in and
     the changed key against the real sshd. Here: no entry point opts in by default."""
-    from dsv4lab.bench.cliargs import build_parser
+    from dsv4lab.cli.bench_args import build_parser
     from dsv4lab.hosts import open_host
-    from dsv4lab.lab import Lab
+    from dsv4lab.notebook.lab import Lab
 
     assert inspect.signature(SSHHost).parameters["trust_unknown_host"].default is False
     assert inspect.signature(open_host).parameters["trust_unknown_host"].default is False
@@ -467,8 +467,8 @@ def test_home_paths_outside_the_run_dir_are_written_with_a_tilde() -> None:
 
 def test_configs_and_diffs_shown_in_a_notebook_hide_the_token() -> None:
     """A token with no tell-tale shape set in a cell: the config card and the diff a notebook shows mask it."""
-    from dsv4lab.config import diff
-    from dsv4lab.presets import config_a
+    from dsv4lab.config.presets import config_a
+    from dsv4lab.config.server_config import diff
 
     a = config_a()
     b = a.with_overrides({"env.HF_TOKEN": "plainvalue42"})

@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsv4lab.config import ServerConfig
-from dsv4lab.hardware import hardware_profile
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.render import render_env_file, render_launch_script
+from dsv4lab.config.hardware import hardware_profile
+from dsv4lab.config.launch_script import render_env_file, render_launch_script
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
+from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.rundir import RunLayout
 from dsv4lab.twin.kernels import config_file_name
 from tests.test_twin_support import PY, check_log, free_port, kill_tree, wait_for

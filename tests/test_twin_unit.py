@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4lab.hardware import hardware_profile, model_profile
-from dsv4lab.memory import preflight
-from dsv4lab.presets import config_a, config_b, config_b_fixed
-from dsv4lab.render import render_argv
+from dsv4lab.config.hardware import hardware_profile, model_profile
+from dsv4lab.config.launch_script import render_argv
+from dsv4lab.config.presets import config_a, config_b, config_b_fixed
+from dsv4lab.config.versions import resolve_release
+from dsv4lab.model.memory import preflight
 from dsv4lab.twin import logfmt
 from dsv4lab.twin.args import parse_args
 from dsv4lab.twin.faults import parse_fault
@@ -16,7 +17,6 @@ from dsv4lab.twin.memsim import OutOfMemory, plan_rank
 from dsv4lab.twin.settings import TwinSettings
 from dsv4lab.twin.smi import GpuRow, query
 from dsv4lab.twin.timing import TimingModel
-from dsv4lab.versions import resolve_release
 from tests.test_twin_support import KINDS
 
 HW = hardware_profile("rtx-pro-6000-x8")

@@ -22,16 +22,16 @@ import papermill
 import pytest
 
 from dsv4lab import Lab
-from dsv4lab.config import ServerConfig, diff, field_help, field_names, load
-from dsv4lab.experiment import parse_overrides
-from dsv4lab.nbrun import IOPUB_TIMEOUT_S
-from dsv4lab.presets import config_b_fixed
-from dsv4lab.versions import resolve_release
-from dsv4lab.widgets import ConfigPanel, FieldControl, build_controls, field_specs
-from dsv4lab.widgets import experiment as ex
-from dsv4lab.widgets.actions import Jobs, ResultsPane
-from dsv4lab.widgets.controls import UNSET
-from dsv4lab.widgets.logpane import LogPane
+from dsv4lab.config.presets import config_b_fixed
+from dsv4lab.config.server_config import ServerConfig, diff, field_help, field_names, load
+from dsv4lab.config.versions import resolve_release
+from dsv4lab.notebook.experiment import parse_overrides
+from dsv4lab.notebook.nbrun import IOPUB_TIMEOUT_S
+from dsv4lab.notebook.widgets import ConfigPanel, FieldControl, build_controls, field_specs
+from dsv4lab.notebook.widgets import reproduce as ex
+from dsv4lab.notebook.widgets.actions import Jobs, ResultsPane
+from dsv4lab.notebook.widgets.controls import UNSET
+from dsv4lab.notebook.widgets.logpane import LogPane
 from tests.figures import problems, read_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -370,9 +370,9 @@ def test_open_as_experiment_runs_the_matching_notebook_with_the_panels_values(
         calls.append((notebook, dict(parameters), reports_root))
         return Run()
 
-    fake = types.ModuleType("dsv4lab.nbrun")
+    fake = types.ModuleType("dsv4lab.notebook.nbrun")
     fake.run_notebook = run_notebook  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dsv4lab.nbrun", fake)
+    monkeypatch.setitem(sys.modules, "dsv4lab.notebook.nbrun", fake)
     p = panel(preset="config_b_fixed", notebooks_dir=tmp_path, reports_root=tmp_path / "reports", concurrency=[1, 4])
     assert p.actions.notebook_picker.value == str(nb)
     p.set(mem_fraction_static=0.55)
@@ -395,11 +395,11 @@ def test_open_as_experiment_runs_the_matching_notebook_with_the_panels_values(
 
 def test_open_as_experiment_without_the_runner_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _experiment_notebook(tmp_path)
-    monkeypatch.setitem(sys.modules, "dsv4lab.nbrun", None)  # import fails as if the module were missing
+    monkeypatch.setitem(sys.modules, "dsv4lab.notebook.nbrun", None)  # import fails as if the module were missing
     p = panel(preset="config_b_fixed", notebooks_dir=tmp_path)
     p.buttons["experiment"].click()
     assert p.wait_idle(30)
-    assert "dsv4lab.nbrun" in p.results.texts[-1]
+    assert "dsv4lab.notebook.nbrun" in p.results.texts[-1]
 
 
 # -- the parts ---------------------------------------------------------------------------------------------------

@@ -18,10 +18,10 @@ import pandas as pd
 
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.results import BenchResult, BenchRuns
-from dsv4lab.bench.runner import _levels, run_async, run_sync, runs_after
+from dsv4lab.bench.runner import run_async, run_sync, runs_after
 from dsv4lab.bench.stats import MIN_REPEATS, ABComparison, compare
 from dsv4lab.bench.store import ResultStore
-from dsv4lab.bench.workload import LoadSpec, Workload
+from dsv4lab.bench.workload import LoadSpec, Workload, parse_levels
 from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.progress import Progress
@@ -148,7 +148,7 @@ async def _ab_into(
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
     base = load or LoadSpec()
-    plan = ab_schedule(_levels(concurrencies), repeats, interleave=interleave)
+    plan = ab_schedule(parse_levels(concurrencies), repeats, interleave=interleave)
     for i, (arm, c, r) in enumerate(plan, 1):
         url, label = (arms.url_a, arms.label_a) if arm == "A" else (arms.url_b, arms.label_b)
         reporter.update(f"run {i}/{len(plan)}: {label} c={c} repeat {r + 1}", fraction=0.0)
@@ -171,7 +171,7 @@ async def _ab_into(
 
 def _planned(concurrencies: Sequence[int] | int | str, repeats: int, interleave: bool) -> int | None:
     try:
-        return len(ab_schedule(_levels(concurrencies), repeats, interleave=interleave))
+        return len(ab_schedule(parse_levels(concurrencies), repeats, interleave=interleave))
     except BenchError:
         return None
 

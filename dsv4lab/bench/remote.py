@@ -3,7 +3,7 @@
 Running the engine's own client next to the server is the cross-check a skeptical reader asks for ("is it
 your client?") and removes the SSH tunnel from the measurement. The same Workload and LoadSpec are
 translated into its flags (the module is ``sglang.bench_serving`` up to 0.5.16 and
-``sglang.benchmark.serving`` in 0.5.23, from :mod:`dsv4lab.versions`); its JSON Lines output (one object
+``sglang.benchmark.serving`` in 0.5.23, from :mod:`dsv4lab.config.versions`); its JSON Lines output (one object
 per run, ``--output-details`` adding per-request lists) and its printed result block are parsed into the
 same result type as the built-in client's.
 
@@ -29,14 +29,15 @@ from typing import Any
 
 import pandas as pd
 
+from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.metrics import Distribution, Summary
-from dsv4lab.bench.results import REQUEST_COLUMNS, BenchResult, Provenance, to_jsonable
+from dsv4lab.bench.results import REQUEST_COLUMNS, BenchResult, Provenance
 from dsv4lab.bench.serverinfo import engine_of, gpu_names
 from dsv4lab.bench.workload import LoadSpec, Workload
+from dsv4lab.config.versions import resolve_release
 from dsv4lab.errors import Interrupted, RemoteBenchError
 from dsv4lab.hosts import CommandResult, Host
-from dsv4lab.versions import resolve_release
 
 __all__ = ["build_argv", "parse_jsonl", "parse_stdout", "remote_result", "run_remote"]
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import pandas as pd
 
-from dsv4lab import __version__
+from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
 from dsv4lab.counts import plural
+from dsv4lab.resources import __version__
 from dsv4lab.units import TWIN_CLOCK, Clock, fmt_ms, fmt_s, fmt_tok_s
 
 __all__ = ["BenchResult", "BenchRuns", "Provenance", "client_version", "records_frame", "to_jsonable"]
@@ -88,24 +89,6 @@ def records_frame(records: Sequence[RequestRecord], *, itl_unit: str = "chunk") 
     if any(r.text is not None for r in records):  # only with ClientOptions(record_text=True)
         frame["text"] = [r.text for r in records]
     return frame
-
-
-def to_jsonable(value: Any) -> Any:
-    """A JSON-safe copy: dataclasses and ``to_dict()`` objects become dicts, NaN becomes null, others str."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [to_jsonable(v) for v in value]
-    to_dict = getattr(value, "to_dict", None)
-    if callable(to_dict):
-        return to_jsonable(to_dict())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(dataclasses.asdict(value))
-    return str(value)
 
 
 @dataclass(frozen=True)
@@ -228,7 +211,7 @@ class BenchResult:
     def on_hardware(self) -> Summary:
         """The summary a person reads: on the twin, converted to the modelled hardware; on a real server,
         :attr:`summary` itself. ``summary`` stays what the client measured (the twin clock on the twin)."""
-        return self.clock.summary(self.summary)
+        return self.summary.on_clock(self.clock)
 
     def to_frame(self) -> pd.DataFrame:
         """One row of flat columns (the metrics a table or a chart wants), for ``pd.concat`` and plots.

@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
+from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.client import ClientOptions, SessionRequest, prepare, prepare_session, send_request
 from dsv4lab.bench.death import DEATH_ERRORS, DEATH_WINDOW_S, PROBE_TIMEOUT_S, DeathWatch
 from dsv4lab.bench.httpstream import ConnectionPool, Endpoint
 from dsv4lab.bench.metrics import SLO, RequestRecord, summarize
-from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, records_frame, to_jsonable
+from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, records_frame
 from dsv4lab.bench.serverinfo import (
     discover_model,
     engine_of,
@@ -43,7 +44,6 @@ from dsv4lab.bench.serverinfo import (
 )
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
-from dsv4lab.bench.workload import _levels as _levels  # kept importable from here (ab, experiment)
 from dsv4lab.blocking import run_blocking
 from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted

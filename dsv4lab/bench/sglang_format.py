@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.metrics import SLO, Distribution
-from dsv4lab.bench.results import BenchResult, to_jsonable
+from dsv4lab.bench.results import BenchResult
 
 __all__ = ["BACKEND_OF_API", "append_jsonl", "bench_serving_record", "serving_block"]
 

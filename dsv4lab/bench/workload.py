@@ -27,6 +27,7 @@ __all__ = [
     "Workload",
     "arrival_times",
     "cap_levels",
+    "parse_levels",
     "random_workload",
     "shared_prefix_workload",
     "sharegpt_workload",
@@ -350,7 +351,7 @@ def concurrency_levels(spec: str | Sequence[int]) -> list[int]:
     return levels
 
 
-def _levels(concurrencies: Sequence[int] | int | str) -> list[int]:
+def parse_levels(concurrencies: Sequence[int] | int | str) -> list[int]:
     """Concurrency levels from a list, one int, or text like ``"1,16"`` (a papermill ``-p`` value)."""
     if isinstance(concurrencies, str):
         parts = [p for p in concurrencies.replace(" ", ",").split(",") if p]
@@ -372,7 +373,7 @@ NO_CAP = ("inf", "none", "unlimited")
 
 
 def cap_levels(concurrencies: Sequence[int | None] | int | str | None) -> list[int | None]:
-    """Like :func:`_levels`, where ``None`` (or ``inf``/``none``/``unlimited`` in text) is a level without a
+    """Like :func:`parse_levels`, where ``None`` (or ``inf``/``none``/``unlimited`` in text) is a level without a
     cap. Duplicates are kept (a sweep may repeat a level on purpose)."""
     if concurrencies is None:
         return [None]
@@ -380,13 +381,13 @@ def cap_levels(concurrencies: Sequence[int | None] | int | str | None) -> list[i
         parts = [p for p in concurrencies.replace(" ", ",").split(",") if p]
         out: list[int | None] = []
         for part in parts:
-            out.extend([None] if part.lower() in NO_CAP else _levels(part))
+            out.extend([None] if part.lower() in NO_CAP else parse_levels(part))
         if not out:
             raise BenchError(f"concurrency levels must be integers like 1,16 or inf; got {concurrencies!r}")
         return out
     if isinstance(concurrencies, int):
-        return list(_levels(concurrencies))
+        return list(parse_levels(concurrencies))
     values = list(concurrencies)
     if not values:
         raise BenchError("no concurrency levels given")
-    return [None if v is None else _levels([v])[0] for v in values]
+    return [None if v is None else parse_levels([v])[0] for v in values]

@@ -17,17 +17,34 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import paramiko
 
 from dsv4lab.errors import HostConnectionError
 from dsv4lab.hosts.base import Follower, LineStream, LogLine, stream_argv
 
-if TYPE_CHECKING:
-    from dsv4lab.hosts.ssh import SSHHost
+__all__ = ["ChannelSource", "SSHFollower", "SSHForwarder", "SSHStream"]
 
-__all__ = ["SSHFollower", "SSHForwarder", "SSHStream"]
+
+class ChannelSource(Protocol):
+    """What a long-lived channel needs of its host (an :class:`~dsv4lab.hosts.ssh.SSHHost`): its name for
+    messages, whether it is connected, and a fresh channel that survives a reconnect."""
+
+    name: str
+
+    @property
+    def connected(self) -> bool: ...
+
+    def open_channel(
+        self,
+        what: str,
+        *,
+        kind: str = "session",
+        dest: tuple[str, int] | None = None,
+        src: tuple[str, int] | None = None,
+    ) -> paramiko.Channel: ...
+
 
 _CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError)
 
@@ -35,7 +52,7 @@ _CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError)
 class SSHFollower(Follower):
     """``tail -F`` on one channel: new bytes arrive as the server writes them, no polling round trips."""
 
-    def __init__(self, host: SSHHost, path: str, offset: int) -> None:
+    def __init__(self, host: ChannelSource, path: str, offset: int) -> None:
         super().__init__(offset)
         self._host = host
         quoted = shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
@@ -76,7 +93,7 @@ class SSHFollower(Follower):
 class SSHStream(LineStream):
     """One exec channel for the command's whole life; EOF on its stdin is the wrapper's signal to stop it."""
 
-    def __init__(self, host: SSHHost, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
+    def __init__(self, host: ChannelSource, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
         super().__init__()
         self._host = host
         wire = shlex.join(stream_argv(argv, env))
@@ -142,7 +159,7 @@ class SSHForwarder:
     channel, and the host re-opens a dead connection first, so a client that retries gets through.
     """
 
-    def __init__(self, host: SSHHost, remote_port: int) -> None:
+    def __init__(self, host: ChannelSource, remote_port: int) -> None:
         self._host = host
         self._remote_port = remote_port
         self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -8,10 +8,47 @@ missing or cut off is ``None``. vLLM's periodic ``Avg generation throughput`` li
 
 from __future__ import annotations
 
-from dsv4lab.logs import patterns as P
-from dsv4lab.logs.events import DecodeStats, Engine, PrefillStats
+from dataclasses import dataclass
+from enum import Enum
 
-__all__ = ["decode_stats", "parse_batch_fields", "prefill_stats"]
+from dsv4lab.logs import patterns as P
+
+__all__ = ["DecodeStats", "Engine", "PrefillStats", "decode_stats", "parse_batch_fields", "prefill_stats"]
+
+
+class Engine(str, Enum):
+    """The serving engine that wrote a log."""
+
+    SGLANG = "sglang"
+    VLLM = "vllm"
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """The numbers of one decode-stats line (``None`` where the line lacks or cuts a field)."""
+
+    running: int | None = None
+    tokens: int | None = None
+    token_usage: float | None = None
+    accept_len: float | None = None
+    accept_rate: float | None = None
+    cuda_graph: bool | None = None
+    gen_throughput: float | None = None
+    queue: int | None = None
+
+
+@dataclass(frozen=True)
+class PrefillStats:
+    """The numbers of one prefill-stats line."""
+
+    new_seq: int | None = None
+    new_tokens: int | None = None
+    cached_tokens: int | None = None
+    token_usage: float | None = None
+    running: int | None = None
+    queue: int | None = None
+    input_throughput: float | None = None
+    cuda_graph: bool | None = None
 
 
 def _num(text: str | None) -> float | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
+from dsv4lab.logs.batchstats import DecodeStats, Engine, PrefillStats, decode_stats, prefill_stats
+
 __all__ = [
     "Capacity",
     "DecodeBatch",
@@ -45,13 +47,6 @@ __all__ = [
     "VllmMemoryProfile",
     "WeightLoad",
 ]
-
-
-class Engine(str, Enum):
-    """The serving engine that wrote a log."""
-
-    SGLANG = "sglang"
-    VLLM = "vllm"
 
 
 class Phase(str, Enum):
@@ -239,34 +234,6 @@ class PhaseChange(Event):
     ready: bool = False  # the definitive "ready to serve" line
 
 
-@dataclass(frozen=True)
-class DecodeStats:
-    """The numbers of one decode-stats line (``None`` where the line lacks or cuts a field)."""
-
-    running: int | None = None
-    tokens: int | None = None
-    token_usage: float | None = None
-    accept_len: float | None = None
-    accept_rate: float | None = None
-    cuda_graph: bool | None = None
-    gen_throughput: float | None = None
-    queue: int | None = None
-
-
-@dataclass(frozen=True)
-class PrefillStats:
-    """The numbers of one prefill-stats line."""
-
-    new_seq: int | None = None
-    new_tokens: int | None = None
-    cached_tokens: int | None = None
-    token_usage: float | None = None
-    running: int | None = None
-    queue: int | None = None
-    input_throughput: float | None = None
-    cuda_graph: bool | None = None
-
-
 def _fast_event(
     cls: type[_E], line_no: int, text: str, ts: str | None, rank: int | None, dp: int | None, engine: Engine | None
 ) -> _E:
@@ -291,8 +258,6 @@ class DecodeBatch(Event):
 
     @functools.cached_property
     def stats(self) -> DecodeStats:
-        from dsv4lab.logs.batchstats import decode_stats
-
         return decode_stats(self.text, self.engine)
 
     @property
@@ -340,8 +305,6 @@ class PrefillBatch(Event):
 
     @functools.cached_property
     def stats(self) -> PrefillStats:
-        from dsv4lab.logs.batchstats import prefill_stats
-
         return prefill_stats(self.text)
 
     @property

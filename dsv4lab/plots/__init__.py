@@ -25,8 +25,7 @@ from dsv4lab.plots.bench import (
     roofline_gap,
     throughput_vs_concurrency,
 )
-from dsv4lab.plots.memory import downsample_timeline, memory_budget, memory_timeline
-from dsv4lab.plots.render import (
+from dsv4lab.plots.export import (
     alt_text,
     display_metadata,
     enable_offline_renderer,
@@ -36,7 +35,8 @@ from dsv4lab.plots.render import (
     to_spec,
     to_svg,
 )
-from dsv4lab.plots.server import decode_stats, kernel_breakdown
+from dsv4lab.plots.memory_charts import downsample_timeline, memory_budget, memory_timeline
+from dsv4lab.plots.server_charts import decode_stats, kernel_breakdown
 from dsv4lab.plots.theme import register_theme
 
 register_theme()

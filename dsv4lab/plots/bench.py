@@ -19,8 +19,8 @@ from dsv4lab.bench import ABComparison, BenchResult, t_quantile
 from dsv4lab.bench.stats import metric_unit, metric_words
 from dsv4lab.counts import plural
 from dsv4lab.errors import PlotError
+from dsv4lab.model.roofline import Roofline
 from dsv4lab.plots.theme import CONFIG_COLORS, OKABE_ITO, WIDTH
-from dsv4lab.roofline import Roofline
 from dsv4lab.units import Clock, fmt_ms
 
 __all__ = ["axis_title", "latency_distributions", "request_timeline", "roofline_gap", "throughput_vs_concurrency"]

@@ -3,7 +3,7 @@
 ``python -m dsv4lab.twin`` takes ``python -m sglang.launch_server``'s command line for the emulated
 release; twin-only settings come from ``DSV4LAB_TWIN_*`` environment variables (:mod:`.settings`). What
 happens at startup (fits, or dies in which phase on which GPU by how much) and how fast it serves emerge
-from :mod:`dsv4lab.memory` and the twin's own allocation and timing simulation — nothing is scripted per
+from :mod:`dsv4lab.model.memory` and the twin's own allocation and timing simulation — nothing is scripted per
 preset. The package is split so that each module has one job:
 
 ========================  ============================================================================

@@ -24,9 +24,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from dsv4lab.config.hardware import ModelProfile, model_profile
 from dsv4lab.errors import DSV4LabError
-from dsv4lab.hardware import ModelProfile, model_profile
-from dsv4lab.memory import Preflight, preflight
+from dsv4lab.model.memory import Preflight, preflight
 from dsv4lab.twin import http as twin_http
 from dsv4lab.twin.args import TwinArgs, parse_args
 from dsv4lab.twin.kernels import find_kernel_configs

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4lab.config import ServerConfig, SpeculativeConfig
-from dsv4lab.versions import SGLangRelease
+from dsv4lab.config.server_config import ServerConfig, SpeculativeConfig
+from dsv4lab.config.versions import SGLangRelease
 
 __all__ = ["TwinArgs", "build_parser", "parse_args"]
 

@@ -21,10 +21,10 @@ from typing import Any
 
 from aiohttp import web
 
+from dsv4lab.config.versions import SGLangRelease
 from dsv4lab.twin.logfmt import LogWriter
 from dsv4lab.twin.profiler import Profiler
 from dsv4lab.twin.scheduler import Request, Scheduler
-from dsv4lab.versions import SGLangRelease
 
 __all__ = ["ServerState", "build_app", "build_dummy_health_app", "count_tokens"]
 

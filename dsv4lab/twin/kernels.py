@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4lab.hardware import HardwareProfile, ModelProfile
+from dsv4lab.config.hardware import HardwareProfile, ModelProfile
 
 __all__ = [
     "KernelConfigs",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from dsv4lab.versions import SGLangRelease
+from dsv4lab.config.versions import SGLangRelease
 
 __all__ = ["GiB", "LogWriter", "Progress", "Rank", "fmt_gb", "format_size", "rank_prefix"]
 

@@ -1,6 +1,6 @@
 """Per-rank GPU memory during startup: the allocations SGLang makes, in its order, on one GPU.
 
-:func:`dsv4lab.memory.preflight` gives the split (free before load per GPU, weights, the KV pool sized from
+:func:`dsv4lab.model.memory.preflight` gives the split (free before load per GPU, weights, the KV pool sized from
 the *minimum* free memory, graph needs per runner). The twin adds what a real run has and a prediction
 does not: each rank allocates its own way through that plan — weights in shards, the KV pool, then
 communication buffers and CUDA-graph pools largest batch first, each graph's buffers in several tensors,
@@ -16,9 +16,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dsv4lab.hardware import HardwareProfile, ModelProfile
-from dsv4lab.memory import GraphNeed, Preflight
-from dsv4lab.versions import SGLangRelease
+from dsv4lab.config.hardware import HardwareProfile, ModelProfile
+from dsv4lab.config.versions import SGLangRelease
+from dsv4lab.model.memory import GraphNeed, Preflight
 
 __all__ = ["Allocation", "GpuMemory", "GraphPlan", "OutOfMemory", "RankMemoryPlan", "plan_rank"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4lab.hardware import HardwareProfile
+from dsv4lab.config.hardware import HardwareProfile
 from dsv4lab.twin.timing import StepCost
 
 __all__ = ["Profiler", "kernel_names"]

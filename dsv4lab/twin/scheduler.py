@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dsv4lab.config.versions import SGLangRelease
 from dsv4lab.twin import logfmt
 from dsv4lab.twin.logfmt import LogWriter
 from dsv4lab.twin.timing import SpeedDrift, StepCost, TimingModel
-from dsv4lab.versions import SGLangRelease
 
 __all__ = ["Request", "Scheduler", "SchedulerLimits", "Stats"]
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4lab.config.hardware import HardwareProfile, hardware_profile
+from dsv4lab.config.versions import SGLangRelease, resolve_release
 from dsv4lab.errors import ConfigError
-from dsv4lab.hardware import HardwareProfile, hardware_profile
 from dsv4lab.twin.faults import Fault, parse_fault
-from dsv4lab.versions import SGLangRelease, resolve_release
 
 __all__ = ["DEFAULT_HARDWARE", "TwinSettings", "default_state_dir"]
 

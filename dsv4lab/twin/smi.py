@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4lab.config.hardware import HardwareProfile, hardware_profile
 from dsv4lab.errors import ConfigError
-from dsv4lab.hardware import HardwareProfile, hardware_profile
 from dsv4lab.twin.settings import DEFAULT_HARDWARE, default_state_dir
 
 __all__ = [

@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dsv4lab.config.versions import SGLangRelease
 from dsv4lab.twin import logfmt
 from dsv4lab.twin.kernels import KernelConfigs
 from dsv4lab.twin.logfmt import LogWriter, Progress, Rank
 from dsv4lab.twin.memsim import OutOfMemory, RankMemoryPlan
 from dsv4lab.twin.settings import TwinSettings
 from dsv4lab.twin.smi import write_gpu_state
-from dsv4lab.versions import SGLangRelease
 
 __all__ = ["Lockstep", "PhaseTimes", "RankContext", "SchedulerFailure", "run_rank"]
 

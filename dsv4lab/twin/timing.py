@@ -13,7 +13,7 @@ untuned-FP8 penalty when no tuned block-GEMM JSON was found. On sm_120 ``attenti
 fallback sparse-MLA kernel, which is why attention is ~63 % of GPU time at the story's load and why
 speculation (which doubles the query tokens) stops paying at concurrency 16.
 
-Story workload used for calibration (rtx-pro-6000-x8 coefficients in ``dsv4lab.hardware``): decode at
+Story workload used for calibration (rtx-pro-6000-x8 coefficients in ``dsv4lab.config.hardware``): decode at
 about 8K tokens of context per request (prompts of 8,000 tokens, short outputs); Config A decodes about
 23 tok/s in total at concurrency 16; Config B-fixed is about +47 % at concurrency 1 and level with A at 16.
 Running a step without a captured CUDA graph (batch larger than the largest captured size, or graphs
@@ -26,8 +26,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from dsv4lab.config import SpeculativeConfig
-from dsv4lab.hardware import HardwareProfile, ModelProfile
+from dsv4lab.config.hardware import HardwareProfile, ModelProfile
+from dsv4lab.config.server_config import SpeculativeConfig
 
 __all__ = ["EAGER_FLOOR_FACTOR", "SpeedDrift", "StepCost", "TimingModel", "distinct_experts"]
 

@@ -1,0 +1,39 @@
+"""The config layer: what a server is asked to be, before anything runs.
+
+``server_config`` (ServerConfig, SpeculativeConfig: typed, frozen, validated; TOML/JSON; ``diff``),
+``hardware`` (GPU hosts and models as data), ``versions`` (what each SGLang release calls its flags),
+``launch_script`` (argv, env file and launch script for a release), ``presets`` (the story's configs).
+It imports only the base modules. ``from dsv4lab.config import ServerConfig`` is the config's public name.
+"""
+
+from __future__ import annotations
+
+from dsv4lab.config.server_config import (
+    KV_CACHE_DTYPES,
+    SPECULATIVE_ALGORITHMS,
+    ConfigChange,
+    ConfigDiff,
+    EnvVars,
+    ServerConfig,
+    SpeculativeConfig,
+    diff,
+    field_help,
+    field_names,
+    load,
+    save,
+)
+
+__all__ = [
+    "KV_CACHE_DTYPES",
+    "SPECULATIVE_ALGORITHMS",
+    "ConfigChange",
+    "ConfigDiff",
+    "EnvVars",
+    "ServerConfig",
+    "SpeculativeConfig",
+    "diff",
+    "field_help",
+    "field_names",
+    "load",
+    "save",
+]

@@ -1,0 +1,364 @@
+"""What an experiment notebook needs besides the session: checked parameters, results, narrative.
+
+Each notebook has one ``parameters`` cell of flat typed values (papermill can only inject str, int,
+float, bool, list and dict), and the next cell hands them to :meth:`Experiment.from_namespace`, which checks
+every value by name — a ``"1,16"`` string from ``-p concurrency 1,16`` becomes ``[1, 16]``, a wrong type is
+one clear error naming the parameter and what is allowed. The experiment then builds the session
+(:meth:`Experiment.lab`), the config (:meth:`Experiment.config`) and writes the step's key figures to
+``results.json`` under stable names (:meth:`Experiment.record`), which the campaign passes on to the next
+notebook and puts on its index page.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from dsv4lab.atomicfile import to_jsonable, write_json_atomic
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.errors import ConfigError, UnknownNameError
+from dsv4lab.notebook.lab import Lab
+
+__all__ = [
+    "RESULTS_FILE",
+    "Experiment",
+    "check_experiment_parameters",
+    "md",
+    "parse_overrides",
+    "read_results",
+    "write_json_atomic",
+]
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """The common parameters of the campaign's notebooks, checked."""
+
+    host: str = "local"
+    target: str = "twin"
+    hardware: str = "rtx-pro-6000-x8"
+    sglang_version: str = "0.5.23"
+    python: str = ""
+    time_scale: float = 0.05
+    preset: str = "config_a"
+    overrides: str = ""
+    concurrency: tuple[int, ...] = (1, 16)
+    input_len: int = 8000
+    output_len: int = 256
+    repeats: int = 3
+    kernel_config_dir: str = ""
+    run_dir: str = ""
+    #: Parameters the notebook declared beyond the common ones (run dirs of earlier steps, a chosen fix...).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        texts = ("host", "target", "hardware", "sglang_version", "python", "preset", "overrides", "kernel_config_dir")
+        for name in (*texts, "run_dir"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(name, getattr(self, name), "a string")
+        if self.target not in ("twin", "sglang"):
+            raise ConfigError("target", self.target, "twin (the SGLang twin, no GPU) or sglang (a real server)")
+        if not (isinstance(self.time_scale, (int, float)) and not isinstance(self.time_scale, bool)):
+            raise ConfigError("time_scale", self.time_scale, "a positive number (1 = real time)")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ConfigError("time_scale", self.time_scale, "a positive number (1 = real time)")
+        object.__setattr__(self, "time_scale", float(self.time_scale))
+        object.__setattr__(self, "concurrency", _concurrency(self.concurrency))
+        for name, low in (("input_len", 1), ("output_len", 1), ("repeats", 3)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                extra = " (a trustworthy A/B needs three per arm and level)" if name == "repeats" else ""
+                raise ConfigError(name, value, f"an integer >= {low}{extra}")
+        parse_overrides(self.overrides)  # fail here, not at launch
+
+    @classmethod
+    def from_namespace(cls, namespace: Mapping[str, Any], *, notebook: str = "") -> Experiment:
+        """The experiment from a notebook's globals (what its parameters cell defined, papermill's values
+        injected). Names the experiment knows are checked; the notebook's own extra parameters are kept in
+        ``extra``. Text values for list and number parameters are parsed (``"1,16"``, ``"0.05"``)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values: dict[str, Any] = {}
+        for name in known:
+            if name in namespace:
+                values[name] = _coerce(name, namespace[name], cls.__dataclass_fields__[name].default)
+        try:
+            exp = cls(**values)
+        except ConfigError as exc:
+            where = f" in {notebook}" if notebook else ""
+            raise ConfigError(f"parameter {exc.field}{where}", exc.value, exc.allowed) from None
+        _notebook_display()
+        return exp
+
+    def with_extra(self, **extra: Any) -> Experiment:
+        return Experiment(**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}, extra=extra)
+
+    # -- what the notebook builds from it ----------------------------------------------------------------
+
+    @property
+    def out_dir(self) -> Path:
+        """Where this run's files go: ``run_dir`` as the runner passed it, or a fresh folder for a hand run."""
+        if self.run_dir:
+            path = Path(self.run_dir).expanduser()
+        else:
+            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            path = Path("reports") / f"{stamp}-interactive"
+            object.__setattr__(self, "run_dir", str(path.resolve()))
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return path.resolve()
+
+    def lab(self, *, progress: bool = True) -> Lab:
+        """The session these parameters describe; servers go into ``out_dir``."""
+        return Lab(
+            self.host,
+            target=self.target,  # type: ignore[arg-type]  # a str checked in __post_init__
+            hardware=self.hardware,
+            sglang_version=self.sglang_version or None,
+            time_scale=self.time_scale,
+            python=self.python or None,
+            run_root=self.out_dir,
+            kernel_config_dir=self.kernel_config_dir or None,
+            progress=progress,
+        )
+
+    def config(self, preset: str | None = None, **more: Any) -> ServerConfig:
+        """The preset (``preset`` parameter by default) with ``overrides`` and ``more`` applied (not mapped
+        to the session's kernel folder: :meth:`Lab.config` does that at launch)."""
+        from dsv4lab.config.presets import preset as get
+
+        cfg = get(preset or self.preset)
+        changes: dict[str, Any] = {**parse_overrides(self.overrides), **more}
+        return cfg.with_values(changes) if changes else cfg
+
+    def chart(self, chart: Any, name: str) -> None:
+        """Show a chart and keep it as ``charts/<name>.svg`` in the run dir (the campaign index embeds it).
+
+        Rendered once: the SVG written to the file is the one the notebook (and so the report) shows.
+        """
+        from IPython.display import display
+
+        from dsv4lab.plots import display_metadata, mimebundle, to_spec
+
+        spec = to_spec(chart) if not isinstance(chart, dict) else chart
+        bundle = mimebundle(spec)
+        folder = self.out_dir / "charts"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{name}.svg").write_text(bundle["image/svg+xml"], encoding="utf-8")
+        display(bundle, raw=True, metadata=display_metadata(spec))  # type: ignore[no-untyped-call]
+
+    def earlier(self, name: str, value: str) -> Path:
+        """An earlier step's run dir given as parameter ``name``: it must exist and hold a results.json."""
+        path = Path(value).expanduser() if value else None
+        if path is None or (not (path / RESULTS_FILE).is_file() and not (path / "server.log").is_file()):
+            raise ConfigError(f"parameter {name}", value, "the run dir of the earlier step (with its results.json)")
+        return path.resolve()
+
+    def fix(self, d_run_dir: str = "", fix: str = "") -> dict[str, str]:
+        """The fix chosen in 03 (its ``results.json``), not retyped; or ``fix`` as field=value pairs; or none
+        (a sweep sets the knobs through ``overrides`` instead)."""
+        if d_run_dir:
+            figures = read_results(self.earlier("d_run_dir", d_run_dir)).get("figures", {})
+            chosen = figures.get("chosen_fix_overrides")
+            if not isinstance(chosen, str) or not chosen:
+                raise ConfigError(
+                    "parameter d_run_dir", d_run_dir, "the run dir of 03 (it records chosen_fix_overrides)"
+                )
+            return parse_overrides(chosen)
+        return parse_overrides(fix)
+
+    def record(self, **figures: Any) -> dict[str, Any]:
+        """Merge figures into ``results.json`` (stable names; numbers, text, lists, dicts) and return it all."""
+        path = self.out_dir / RESULTS_FILE
+        current = read_results(path.parent)
+        current.setdefault("figures", {}).update(to_jsonable(figures))
+        write_json_atomic(path, current)
+        return dict(current["figures"])
+
+    def measured(self, source: Any, role: str = "benchmark") -> list[Any]:
+        """Record the throughput measurements in ``source`` (benchmark runs, or an A/B's runs) in
+        ``results.json`` under ``measurements``, with their workload and repeats, so that pages can lead
+        with one headline per config (:mod:`dsv4lab.notebook.measurements`); returns them."""
+        from dsv4lab.notebook.measurements import measurements
+
+        found = measurements(source, role=role)
+        path = self.out_dir / RESULTS_FILE
+        current = read_results(path.parent)
+        kept = [m for m in current.get("measurements", []) if isinstance(m, dict)]
+        fresh = [m.to_dict() for m in found]
+        keys = {(m["config"], m["concurrency"], m["workload"], m["role"]) for m in fresh}
+        current["measurements"] = [
+            m for m in kept if (m.get("config"), m.get("concurrency"), m.get("workload"), m.get("role")) not in keys
+        ] + fresh
+        write_json_atomic(path, current)
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out["concurrency"] = list(self.concurrency)
+        out.update(self.extra)
+        return out
+
+
+def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = "") -> None:
+    """Everything about a notebook's parameters that can be known before a kernel starts, checked now.
+
+    The runner calls this with every parameter the run will use (defaults included), before it makes a run
+    dir: the values :class:`Experiment` checks, and what they name — the hardware profile, the SGLang
+    release, the preset, the overrides (and a ``fix``) applied to it (an unknown field, ``tp=3`` on a
+    128-head model, a fraction of 1.5, more GPUs than the hardware has), and run dirs of earlier steps
+    (``*_run_dir``) that must exist. Each failure is one :class:`ConfigError` naming the parameter.
+    """
+    from dsv4lab.config.hardware import hardware_profile
+    from dsv4lab.config.presets import PRESETS
+    from dsv4lab.config.presets import preset as get_preset
+    from dsv4lab.config.versions import resolve_release
+    from dsv4lab.errors import DSV4LabError
+    from dsv4lab.model.memory import preflight
+
+    where = f" of {notebook}" if notebook else ""
+
+    def named(name: str, exc: DSV4LabError) -> ConfigError:
+        """``exc`` under the parameter's name; a config field it names is kept in the message."""
+        if isinstance(exc, UnknownNameError):
+            return exc.within(f"parameter {name}{where}: ", field=f"parameter {name}{where}")
+        if isinstance(exc, ConfigError):
+            inner = exc.field.removeprefix("parameter ")
+            allowed = exc.allowed if inner == name else f"{inner}={exc.value!r} is not valid: {exc.allowed}"
+            return ConfigError(f"parameter {name}{where}", params.get(name), allowed, detail=exc.detail)
+        return ConfigError(f"parameter {name}{where}", params.get(name), str(exc))
+
+    values: dict[str, Any] = {}
+    for name in sorted(({f.name for f in fields(Experiment)} - {"extra"}) & set(params)):
+        try:
+            values[name] = _coerce(name, params[name], Experiment.__dataclass_fields__[name].default)
+        except ConfigError as exc:
+            raise named(name, exc) from None
+    try:
+        exp = Experiment(**values)
+        hardware_profile(exp.hardware)
+    except ConfigError as exc:
+        raise named(exc.field, exc) from None
+    if exp.sglang_version:
+        try:
+            resolve_release(exp.sglang_version, warn=False)
+        except DSV4LabError as exc:
+            raise named("sglang_version", exc) from None
+    if exp.preset not in PRESETS:
+        raise named("preset", UnknownNameError("preset", exp.preset, PRESETS))
+    if not {"preset", "overrides", "fix"} & set(params):
+        return _check_run_dirs(exp, params, where)  # the notebook builds its own config: nothing to apply
+    config = get_preset(exp.preset)
+    fix = params.get("fix")
+    for name, text in (("overrides", exp.overrides), ("fix", fix if isinstance(fix, str) else "")):
+        try:
+            changes = parse_overrides(text, name=name)
+            if changes:
+                config = config.with_values(changes)
+                preflight(config, exp.hardware, sglang_version=exp.sglang_version or None)
+        except DSV4LabError as exc:
+            raise named(name, exc) from None
+    _check_run_dirs(exp, params, where)
+
+
+def _check_run_dirs(exp: Experiment, params: Mapping[str, Any], where: str) -> None:
+    """Run dirs of earlier steps (``b_run_dir``, ``d_run_dir``) must exist and hold their results."""
+    for name, value in params.items():
+        if name.endswith("_run_dir") and isinstance(value, str) and value:
+            try:
+                exp.earlier(name, value)
+            except ConfigError as exc:
+                raise ConfigError(f"parameter {name}{where}", value, exc.allowed) from None
+
+
+def parse_overrides(text: str, *, name: str = "overrides") -> dict[str, str]:
+    """``"mem_fraction_static=0.6 cuda_graph_max_bs=16"`` (spaces or commas) as field -> text value;
+    ``name`` is the parameter an error names."""
+    out: dict[str, str] = {}
+    if not text or not text.strip():
+        return out
+    try:
+        words = shlex.split(text.replace(",", " "))
+    except ValueError as exc:
+        raise ConfigError(name, text, "field=value pairs separated by spaces", detail=str(exc)) from None
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise ConfigError(name, word, "field=value, e.g. mem_fraction_static=0.6 or speculative.num_steps=2")
+        out[key.strip()] = value
+    return out
+
+
+def read_results(run_dir: str | Path) -> dict[str, Any]:
+    """A run dir's ``results.json`` ({} when there is none yet)."""
+    path = Path(run_dir) / RESULTS_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError("results", str(path), "a readable results.json", detail=str(exc)) from None
+    return data if isinstance(data, dict) else {}
+
+
+def _notebook_display() -> None:
+    """In a kernel, charts render offline (Vega-Lite in JupyterLab, SVG in reports) with dsv4lab's theme."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return
+    if get_ipython() is not None:
+        from dsv4lab.plots import enable_offline_renderer
+
+        enable_offline_renderer()
+
+
+def md(text: str) -> None:
+    """Show narrative built from measured numbers as Markdown (in reports the cell's code is hidden)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))  # type: ignore[no-untyped-call]
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+
+
+def _concurrency(value: Any) -> tuple[int, ...]:
+    """The ``concurrency`` parameter as levels, refused as a parameter (ConfigError) when it is not one."""
+    from dsv4lab.bench.workload import parse_levels as parse
+    from dsv4lab.errors import BenchError
+
+    try:
+        return tuple(parse(value if not isinstance(value, tuple) else list(value)))
+    except BenchError:
+        raise ConfigError("concurrency", value, "one or more integers >= 1, e.g. [1, 16] or 1,16") from None
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """Text for a number or list parameter (``-p time_scale 0.05`` from a shell) is parsed, not rejected."""
+    if not isinstance(value, str) or isinstance(default, str):
+        return list(value) if isinstance(value, tuple) else value
+    text = value.strip()
+    if isinstance(default, bool):
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ConfigError(name, value, "true or false")
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(name, value, "an integer") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(name, value, "a number") from None
+    return value  # concurrency: parsed by _concurrency

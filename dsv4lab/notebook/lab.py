@@ -1,0 +1,792 @@
+"""The notebook session: one object that knows the host, the target, the hardware and the servers it started.
+
+A campaign step should read like the step it performs::
+
+    lab = Lab(host="local", target="twin", hardware="rtx-pro-6000-x8", time_scale=0.05)
+    lab.preflight("config_b")              # the budget card: OOM in graph capture, GPU 1, short ~20 GiB
+    b = lab.launch("config_b").wait()      # CRASHED card with the model-checked diagnosis
+    a = lab.launch("config_a").wait()      # free port, run dir, twin settings: all picked here
+    a.bench(concurrency=[1, 16])           # a table; .to_frame() for pandas
+
+The session picks and reserves a free port for every launch, builds the twin's settings, maps the presets'
+tuned-kernel folder to the right place for the target, and tracks every server it started: ``stop_all()``,
+the ``with`` block, and interpreter exit (a finished papermill run, a restarted kernel) stop them unless
+they were launched with ``keep=True``. The functions underneath stay public for scripts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import math
+import re
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from dsv4lab import bench
+from dsv4lab import htmlview as hv
+from dsv4lab.atomicfile import write_json_atomic
+from dsv4lab.config.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
+from dsv4lab.config.presets import KERNEL_CONFIG_DIR, PRESETS, preset
+from dsv4lab.config.server_config import ServerConfig, diff
+from dsv4lab.config.versions import resolve_release
+from dsv4lab.counts import plural
+from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError, UnknownNameError
+from dsv4lab.hosts import Host, LocalHost, open_host
+from dsv4lab.logs import Diagnosis
+from dsv4lab.model.memory import Preflight, Suggestion, preflight, suggest
+from dsv4lab.notebook.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server
+from dsv4lab.serving.launch import ServerHandle, attach, launch, pick_port
+from dsv4lab.serving.watch import Readiness, Verdict
+from dsv4lab.tables import Table, table
+from dsv4lab.units import REAL, Clock
+
+__all__ = ["TARGETS", "Lab"]
+
+Target = Literal["twin", "sglang"]
+TARGETS: tuple[Target, ...] = ("twin", "sglang")
+
+#: Ports tried before a launch gives up (each taken one is skipped).
+_PORT_ATTEMPTS = 20
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class Lab:
+    """A session against one host (this machine, or an SSH alias) and one target (the twin, or SGLang)."""
+
+    def __init__(
+        self,
+        host: str | Host = "local",
+        *,
+        target: Target = "twin",
+        hardware: str = "rtx-pro-6000-x8",
+        sglang_version: str | None = None,
+        time_scale: float = 0.05,
+        python: str | None = None,
+        run_root: str | Path = "runs",
+        remote_root: str = "~/dsv4lab-runs",
+        kernel_config_dir: str | None = None,
+        base_port: int = 31000,
+        keep_servers: bool = False,
+        seed: int | None = None,
+        progress: bool = True,
+        known_hosts: str = "~/.ssh/known_hosts",
+        trust_host_key: bool = False,
+    ) -> None:
+        """
+        Args:
+            host: ``"local"``, an SSH alias from ``~/.ssh/config``, ``user@host:port``, or a Host.
+            target: ``"twin"`` (the SGLang twin, no GPU needed) or ``"sglang"`` (real SGLang).
+            hardware: hardware profile of the host (the twin emulates it; preflight and diagnosis use it).
+            sglang_version: SGLang release whose flags to render (default: the newest dsv4lab knows).
+            time_scale: twin only: durations are this times the modelled hardware's (1 = real time).
+            python: the server host's interpreter (a venv or conda env) for SGLang, the twin, bench_serving.
+            run_root: local folder for results; each server gets ``run_root/<name>``.
+            remote_root: on an SSH host, where run directories go (``<remote_root>/<session>/<name>``).
+            kernel_config_dir: tuned FP8 kernel-config folder on the host for configs that use the presets'
+                default; on the twin, unset means the twin's stand-in autotune output, written here.
+            base_port: the first port tried for each launch.
+            keep_servers: leave servers running when the session ends.
+            seed: twin seed (drift and timing noise); unset = the twin's default.
+            progress: live progress in notebooks, text lines in scripts and papermill.
+            known_hosts, trust_host_key: SSH host-key checking (an unknown key is refused unless trusted).
+        """
+        if target not in TARGETS:
+            raise ConfigError("target", target, "twin (the SGLang twin, no GPU) or sglang (a real server)")
+        if not (isinstance(time_scale, (int, float)) and not isinstance(time_scale, bool) and time_scale > 0):
+            raise ConfigError("time_scale", time_scale, "a positive number (1 = real time)")
+        if not (isinstance(base_port, int) and 1024 <= base_port <= 65000):
+            raise ConfigError("base_port", base_port, "an integer from 1024 to 65000")
+        self.target: Target = target
+        self.hardware: HardwareProfile = hardware_profile(hardware)
+        self.sglang_version = resolve_release(sglang_version).version
+        self.time_scale = float(time_scale) if target == "twin" else 1.0
+        self.python = python
+        self.kernel_config_dir = kernel_config_dir
+        self.base_port = base_port
+        self.keep_servers = keep_servers
+        self.seed = seed
+        self._progress = progress
+        self.run_root = Path(run_root).expanduser().resolve()
+        self.session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.host: Host = open_host(host, known_hosts=known_hosts, trust_unknown_host=trust_host_key)
+        #: How to reach the host again (a report, a runner stopping orphans): "local" or the SSH alias.
+        self.host_spec = "local" if isinstance(self.host, LocalHost) else self.host.name
+        self.remote_root = remote_root
+        self.servers: list[Server] = []
+        self._twin_kernel_dir: str | None = None
+        _LIVE.add(self)
+
+    # -- configs ----------------------------------------------------------------------------------------
+
+    @property
+    def progress(self) -> bool:
+        """Live progress lines for blocking calls (a panel that draws its own turns them off); every server
+        of the session follows the setting."""
+        return self._progress
+
+    @progress.setter
+    def progress(self, value: bool) -> None:
+        self._progress = bool(value)
+        for server in self.servers:
+            server.progress = self._progress
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.host, LocalHost)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this session's figures are read on: the modelled hardware on the twin."""
+        return Clock.twin(self.time_scale, self.hardware.name) if self.target == "twin" else REAL
+
+    @property
+    def model(self) -> ModelProfile:
+        return model_profile(preset("config_a").model_path)
+
+    def config(self, config: ServerConfig | str = "config_a", **overrides: Any) -> ServerConfig:
+        """A preset name (``config_a``, ``config_b``, ``config_b_fixed``), a ``.toml``/``.json`` path or a
+        config, with field overrides (``mem_fraction_static=0.6``, ``speculative__num_steps=2``,
+        ``env__NCCL_PROTO="LL"``; text values are parsed as the field's type).
+
+        The presets' tuned-kernel folder is mapped to this session's: the twin's stand-in autotune
+        output, or ``kernel_config_dir`` when given.
+        """
+        cfg = _resolve(config, overrides)  # every value checked before the session writes anything
+        if cfg.kernel_config_dir == KERNEL_CONFIG_DIR and "kernel_config_dir" not in overrides:
+            cfg = cfg.replace(kernel_config_dir=self._kernel_dir())
+        return cfg
+
+    def _kernel_dir(self) -> str:
+        if self.kernel_config_dir is not None:
+            return self.kernel_config_dir
+        if self.target != "twin":
+            return KERNEL_CONFIG_DIR
+        if self._twin_kernel_dir is None:
+            self._twin_kernel_dir = self._write_twin_kernel_configs()
+        return self._twin_kernel_dir
+
+    def _write_twin_kernel_configs(self) -> str:
+        """The twin's stand-in for the story's FP8 autotune run, on the host the twin runs on."""
+        from dsv4lab.twin.kernels import expected_config_names, write_tuned_configs
+
+        if self.is_local:
+            return str(write_tuned_configs(self.run_root / "kernel-configs", self.hardware, self.model))
+        remote = self.host.absolute_path(f"{self.remote_root}/kernel-configs")
+        self.host.makedirs(remote)
+        for name in expected_config_names(self.hardware, self.model):
+            self.host.put_text(f"{remote}/{name}", '{"1": {"BLOCK_SIZE_M": 16}}\n')
+        return remote
+
+    def preflight(self, config: ServerConfig | str = "config_a", **overrides: Any) -> Preflight:
+        """Predict whether the config fits this host's GPUs, where it would fail and by how much."""
+        cfg = self.config(config, **overrides)
+        return preflight(cfg, self.hardware, sglang_version=self.sglang_version)
+
+    def suggest(
+        self, config: ServerConfig | str = "config_a", *, concurrency: int | None = None, **overrides: Any
+    ) -> list[Suggestion]:
+        """Changes the memory model predicts would fit, each with its margin (best first)."""
+        cfg = self.config(config, **overrides)
+        return suggest(cfg, self.hardware, sglang_version=self.sglang_version, concurrency=concurrency)
+
+    # -- servers ----------------------------------------------------------------------------------------
+
+    def launch(
+        self,
+        config: ServerConfig | str = "config_a",
+        *,
+        name: str | None = None,
+        wait: bool = False,
+        port: int | None = None,
+        keep: bool | None = None,
+        fault: str | None = None,
+        sample_gpus: bool = True,
+        **overrides: Any,
+    ) -> Server:
+        """Start a server and return it at once (``wait=True`` also watches it to a verdict).
+
+        Picks and reserves a free port (or uses ``port``), makes the run dir, checks the host's Python and
+        the kernel-config folder, and starts the twin or SGLang. ``fault`` injects a twin fault
+        (``silent_death``, ``capture_hang``, ``nccl_error``, ``port_in_use``, ``crash_serving[:s]``,
+        ``slow_start[:x]``). The server is tracked: the session stops it at its end unless ``keep``.
+        """
+        cfg = self.config(config, **overrides)
+        if fault is not None and self.target != "twin":
+            raise ConfigError("fault", fault, "only on the twin (target='twin')")
+        base = name or (config if isinstance(config, str) and config in PRESETS else "server")
+        label = self._unique_name(base.replace("_", "-"))
+        local_dir = self.run_root / label
+        local_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = str(local_dir) if self.is_local else f"{self.remote_root}/{self.session}/{label}"
+        try:
+            # launch() itself ends whatever it started when it fails or is stopped half-way.
+            handle, sampler, sampler_error = self._start(cfg, run_dir, port, fault, local_dir if sample_gpus else None)
+        except KeyboardInterrupt:
+            note = _interrupted("the user stopped the launch before the server started; nothing is running")
+            _save_verdict(local_dir, note)
+            raise Interrupted(
+                f"launch of {label}", note, after="before the server started", note="nothing was left running"
+            ) from None
+        except BaseException:
+            # Nothing started: no results folder holding only the idle GPU samples taken before the launch.
+            with contextlib.suppress(OSError):
+                (local_dir / "gpu_memory.csv").unlink()
+            with contextlib.suppress(OSError):
+                local_dir.rmdir()  # only if empty: what the launch wrote there (config, script) is evidence
+            raise
+        server = Server(
+            handle,
+            label,
+            local_dir,
+            hardware=self.hardware,
+            progress=self.progress,
+            keep=self.keep_servers if keep is None else keep,
+            sampler=sampler,
+            sampler_error=sampler_error,
+        )
+        self.servers.append(server)
+        try:
+            # A record beside the results, so that a runner can find (and stop) the server if this kernel dies.
+            record = {**handle.to_dict(), "host_spec": self.host_spec, "keep": server.keep, "name": label}
+            try:
+                write_json_atomic(local_dir / "server.json", record)
+            except OSError as exc:
+                warnings.warn(
+                    f"could not save server.json in {local_dir} ({exc}): if this kernel dies, nothing will stop "
+                    f"{label} (launcher PID {handle.launcher_pid} on {self.host.name})",
+                    stacklevel=2,
+                )
+        except KeyboardInterrupt:
+            server.readiness = _interrupted("the user stopped the launch; the server was stopped")
+            if not server.keep:
+                with contextlib.suppress(Exception):
+                    server.stop(grace_s=5.0)
+            server.record()
+            raise Interrupted(
+                f"launch of {label}",
+                server.readiness,
+                after="as the server started",
+                note="the server was kept running" if server.keep else "the server was stopped",
+            ) from None
+        if wait:
+            server.wait()
+        return server
+
+    def _start(
+        self, cfg: ServerConfig, run_dir: str, port: int | None, fault: str | None, samples_dir: Path | None
+    ) -> tuple[ServerHandle, Any, Exception | None]:
+        """Pick a port, start GPU sampling for it, launch; retry on the next port if another launch won it.
+
+        Sampling starts *before* the server so the timeline holds the whole startup from idle GPUs on.
+        """
+        twin_env: dict[str, str] | None = None
+        if self.target == "twin":
+            twin_env = {
+                "DSV4LAB_TWIN_HARDWARE": self.hardware.name,
+                "DSV4LAB_TWIN_TIME_SCALE": str(self.time_scale),
+                # Millisecond log timestamps (SGLang's own switch): a scaled startup lasts seconds, and the
+                # memory timeline's phase bands need finer than a second to line up with the samples.
+                "SGLANG_LOG_MS": "1",
+            }
+            if fault:
+                twin_env["DSV4LAB_TWIN_FAULT"] = fault
+            if self.seed is not None:
+                twin_env["DSV4LAB_TWIN_SEED"] = str(self.seed)
+        python = self.python
+        if python is None and self.target == "twin" and self.is_local:
+            python = sys.executable
+        skipped: list[int] = [s.port for s in self.servers if s.stopped is None]
+        for _ in range(_PORT_ATTEMPTS):
+            chosen = port if port is not None else pick_port(self.host, self.base_port, avoid=skipped)
+            sampler, error = None, None
+            if samples_dir is not None:
+                sampler, error = self._sampler(chosen, twin_env, python, samples_dir)
+            try:
+                handle = launch(
+                    self.host,
+                    cfg.replace(port=chosen),
+                    run_dir,
+                    target=self.target,
+                    sglang_version=self.sglang_version,
+                    python=python,
+                    twin_env=twin_env,
+                )
+            except BaseException as exc:
+                if sampler is not None:
+                    sampler.stop()
+                if not isinstance(exc, StaleServerError) or port is not None:
+                    raise
+                skipped.append(chosen)
+                continue
+            return handle, sampler, error
+        raise StaleServerError(self.host.name, skipped[-1], holder=f"other servers: ports {skipped} are all taken")
+
+    def _sampler(
+        self, port: int, twin_env: dict[str, str] | None, python: str | None, samples_dir: Path
+    ) -> tuple[Any, Exception | None]:
+        """A started GPU sampler for the server about to run on ``port`` (the twin's stand-in picks it by
+        port), or the reason it could not start — shown by ``gpu_memory()`` and as a warning now."""
+        from dsv4lab.serving.gpumem import GpuSampler, smi_command_for, twin_interval_ms
+
+        command = smi_command_for(self.target, python=python or "python3", port=port, twin_env=twin_env)
+        interval = twin_interval_ms(self.time_scale) if self.target == "twin" else 500
+        sampler = GpuSampler(
+            self.host, interval_ms=interval, csv_path=samples_dir / "gpu_memory.csv", smi_command=command
+        )
+        try:
+            sampler.start()
+        except Exception as exc:  # the server can run without it; its memory chart cannot
+            warnings.warn(f"GPU memory sampling on {self.host.name} could not start: {exc}", stacklevel=3)
+            return None, exc
+        return sampler, None
+
+    def _unique_name(self, base: str) -> str:
+        if not _NAME.match(base):
+            raise ConfigError("name", base, "letters, digits, '.', '_' or '-', starting with a letter or digit")
+        taken = {s.name for s in self.servers}
+        name, i = base, 2
+        while name in taken or (self.run_root / name / "handle.json").exists():
+            name, i = f"{base}-{i}", i + 1
+        return name
+
+    def attach(self, run_dir: str | Path, *, name: str | None = None, check: bool = True) -> Server:
+        """The server of an earlier launch (a restarted kernel, another notebook), with its state *now*.
+
+        ``check`` watches it briefly: a live server reports READY (or its startup goes on), a dead one
+        CRASHED or STOPPED — never READY from old log lines.
+        """
+        handle = attach(self.host, str(run_dir))
+        label = name or Path(handle.run_dir).name
+        local = Path(run_dir) if self.is_local else self.run_root / label
+        server = Server(handle, label, local.resolve(), hardware=self.hardware, progress=self.progress, keep=True)
+        self.servers.append(server)
+        if check:
+            with contextlib.suppress(Exception):
+                server.wait(timeout_s=10.0, keep_running=True)
+        return server
+
+    def diagnose(self, log: str | Path | Server) -> Diagnosis:
+        """The model-checked diagnosis of a server's log (a Server, a run dir, or a log file)."""
+        from dsv4lab.model.diagnosis import diagnose_with_model
+
+        if isinstance(log, Server):
+            return log.diagnose()
+        path = Path(log)
+        if path.is_dir():
+            path = path / "server.log"
+        return diagnose_with_model(str(path), hardware=self.hardware, sglang_version=self.sglang_version)
+
+    def ab(
+        self,
+        a: Server,
+        b: Server,
+        concurrency: Sequence[int] | int | str = (1, 16),
+        *,
+        repeats: int = 3,
+        prompts: int | None = None,
+        input_len: int = DEFAULT_INPUT_LEN,
+        output_len: int = DEFAULT_OUTPUT_LEN,
+        seed: int = 7,
+        interleave: bool = True,
+        labels: tuple[str, str] | None = None,
+    ) -> bench.ABRuns:
+        """A/B of two running servers: the same workload, interleaved repeats, Welch CIs (``.compare()``).
+
+        ``labels`` name the arms in tables and charts (default: the servers' names). Every argument is
+        checked before the first request: two different servers, two different labels, the load."""
+        for arm, server in (("a", a), ("b", b)):
+            if not isinstance(server, Server):
+                raise ConfigError(arm, server, "a server from lab.launch(...) (lab.compare takes configs)")
+        if a is b or (a.run_dir == b.run_dir and a.handle.host.name == b.handle.host.name):
+            raise ConfigError(
+                "b", b.name, f"a server other than a ({a.name}): one server against itself measures nothing"
+            )
+        shown = _arm_names("labels", labels) if labels is not None else (a.name, b.name)
+        if shown[0] == shown[1]:
+            raise ConfigError("labels", shown, "two different names for the arms (labels=('A', 'B'))")
+        _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
+        if not isinstance(interleave, bool):
+            raise ConfigError("interleave", interleave, "True (A, B, A, B) or False (all of A, then all of B)")
+        for s in (a, b):
+            s.require_ready("benchmark")
+
+        def workload(level: int) -> bench.Workload:
+            n = prompts if prompts is not None else max(2, level)
+            return bench.random_workload(n, input_len, output_len, seed=seed)
+
+        store = str(self.run_root / f"ab-{a.name}-vs-{b.name}")
+        try:
+            runs = bench.run_ab(
+                a.url,
+                b.url,
+                workload,
+                concurrency,
+                repeats=repeats,
+                interleave=interleave,
+                load=bench.LoadSpec(warmup=0),
+                label_a=shown[0],
+                label_b=shown[1],
+                progress=self.progress,
+                store=store,
+            )
+        except KeyboardInterrupt as exc:
+            partial = getattr(exc, "partial", None)
+            if isinstance(partial, bench.ABRuns):
+                a.runs, b.runs = a.runs + partial.a, b.runs + partial.b
+            if isinstance(exc, Interrupted):
+                exc.kept_in("{}.runs, {}.runs", a, b)
+            raise
+        a.runs, b.runs = a.runs + runs.a, b.runs + runs.b
+        return runs
+
+    def compare(
+        self,
+        a: ServerConfig | str,
+        b: ServerConfig | str | None = None,
+        concurrency: Sequence[int] | int | str = (1, 16),
+        *,
+        names: Sequence[str] | None = None,
+        a_overrides: Mapping[str, Any] | None = None,
+        b_overrides: Mapping[str, Any] | None = None,
+        repeats: int = 3,
+        prompts: int | None = None,
+        input_len: int = DEFAULT_INPUT_LEN,
+        output_len: int = DEFAULT_OUTPUT_LEN,
+        seed: int = 7,
+        together: bool | None = None,
+        timeout_s: float = 900.0,
+        **changes: Any,
+    ) -> bench.ABRuns:
+        """A/B of two configs, each launched for it and stopped after.
+
+        The arms read as the question: ``compare("config_a", "config_b_fixed")`` two configs;
+        ``compare("config_a", cuda_graph_max_bs=8)`` (or ``compare("config_a", "config_a",
+        cuda_graph_max_bs=8)``) A against A with that change — keyword field overrides change B, the arm
+        under test; ``b_overrides``/``a_overrides`` take them as a mapping (``{"speculative.num_steps": 2}``).
+        ``names`` label the arms; by default the presets' names, B's with its changes
+        (``config_a`` vs ``config_a+cuda_graph_max_bs=8``).
+
+        Everything is checked before the first server starts: both configs and their overrides, the names
+        (two different ones), that B differs from A at all, the levels, repeats and lengths.
+
+        ``together`` runs both servers at once and interleaves A, B, A, B (drift spreads over both arms);
+        that needs a host that holds both, which the twin does and a GPU host serving one TP-8 model does
+        not. By default the twin runs them together and a real host one after the other (A's repeats,
+        then B's). A config that does not start raises :class:`~dsv4lab.errors.LaunchError` with its verdict.
+        """
+        _check_change_names(changes)
+        dotted = {key.replace("__", "."): key for key in changes}
+        if isinstance(b_overrides, Mapping) and {str(k).replace("__", ".") for k in b_overrides} & set(dotted):
+            twice = dotted[sorted({str(k).replace("__", ".") for k in b_overrides} & set(dotted))[0]]
+            raise ConfigError(twice, changes[twice], "one value for B: in b_overrides or as a keyword, not both")
+        cfg_a, cfg_b, arms = _compare_plan(a, b, names, a_overrides, b_overrides, changes)
+        _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
+        if together is not None and not isinstance(together, bool):
+            raise ConfigError("together", together, "True (both servers at once), False (one after the other) or None")
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise ConfigError("timeout_s", timeout_s, "a positive number of seconds to wait for each server's READY")
+        server_names = _server_names(arms)
+
+        together = self.target == "twin" if together is None else together
+        started: list[Server] = []
+
+        def start(config: ServerConfig, name: str) -> Server:
+            # No GPU sampling: an A/B's servers are measured, not charted (a sampler costs a process each).
+            server = self.launch(config, name=name, sample_gpus=False)
+            started.append(server)
+            return server
+
+        def ready(server: Server) -> Server:
+            server.wait(timeout_s)
+            if not server.ready:
+                reason = server.readiness.reason if server.readiness is not None else "no verdict"
+                raise LaunchError(f"{server.name} did not start for the comparison: {server.state}: {reason}")
+            return server
+
+        kw: dict[str, Any] = {"prompts": prompts, "input_len": input_len, "output_len": output_len, "seed": seed}
+        interrupted = False
+        runs: list[bench.BenchRuns] = []
+        begun = time.monotonic()
+        try:
+            if together:  # both start at once: their startups overlap
+                sa, sb = start(cfg_a, server_names[0]), start(cfg_b, server_names[1])
+                return self.ab(ready(sa), ready(sb), concurrency, repeats=repeats, labels=arms, **kw)
+            for config, name, label in ((cfg_a, server_names[0], arms[0]), (cfg_b, server_names[1], arms[1])):
+                server = ready(start(config, name))
+                runs.append(server.bench(concurrency, repeats=repeats, label=label, **kw))
+                server.stop(grace_s=10.0)
+            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), arms[0], arms[1])
+        except KeyboardInterrupt as exc:
+            interrupted = True
+            raise _compare_stopped(exc, arms, runs, begun) from None
+        finally:
+            pending = [server for server in started if server.stopped is None]
+            if interrupted:  # Stop: both servers end at once, in threads a script still waits for
+                _stop_soon(pending)
+            else:
+                for server in pending:
+                    with contextlib.suppress(Exception):
+                        server.stop(grace_s=10.0)
+
+    def ps(self) -> Table:
+        """The servers of this session and whether each is alive now (a table that shows itself; the
+        columns of :meth:`Server.to_dict` plus ``alive``)."""
+        rows = []
+        for s in self.servers:
+            alive = s.is_alive()
+            rows.append({**s.to_dict(), "alive": alive})
+        out = table(rows, title=f"{plural(len(self.servers), 'server')} of this session on {self.host.name}")
+        out.note = (
+            "state: the watcher's verdict (READY, CRASHED, ...), 'starting' before one, 'stopped' once the lab "
+            "stopped it; alive: whether its launcher still runs now"
+        )
+        return out
+
+    def stop_all(self, *, include_kept: bool = False) -> None:
+        """Stop every server this session started that is still running (kept ones only if asked)."""
+        for s in list(self.servers):
+            if s.stopped is None and (include_kept or not s.keep):
+                with contextlib.suppress(Exception):
+                    s.stop(grace_s=5.0)
+        for s in list(self.servers):  # a server that died or was stopped elsewhere may still be sampled
+            s.stop_sampling()
+
+    def close(self) -> None:
+        """End the session: stop its servers (unless kept) and close the host connection."""
+        self.stop_all()
+        with contextlib.suppress(Exception):
+            self.host.close()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- display ----------------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        where = f"{self.host.name!r}, target={self.target!r}, hardware={self.hardware.name!r}"
+        return f"Lab({where}, {plural(len(self.servers), 'server')})"
+
+    def _repr_html_(self) -> str:
+        facts: list[tuple[str, object]] = [
+            ("host", self.host.name),
+            ("target", self.target + (f" (time scale {self.time_scale:g})" if self.target == "twin" else "")),
+            ("hardware", f"{self.hardware.name}: {self.hardware.count} x {self.hardware.gpu.name}"),
+            ("SGLang flags", self.sglang_version),
+            ("results", str(self.run_root)),
+        ]
+        rows = [{"name": s.name, "state": s.state, "port": s.port, "run dir": s.run_dir} for s in self.servers]
+        return hv.card("dsv4lab session", hv.kv_table(facts) + (hv.table(rows) if rows else ""))
+
+
+def _resolve(config: ServerConfig | str, overrides: Mapping[str, Any], *, arg: str = "config") -> ServerConfig:
+    """A preset name, a ``.toml``/``.json`` path or a config, with overrides: checked, nothing written.
+
+    ``arg`` is the argument an unknown name is reported under (``b`` for a comparison's second config)."""
+    if isinstance(config, str):
+        if config in PRESETS:
+            cfg = preset(config)
+        elif config.endswith((".toml", ".json")):
+            from dsv4lab.config.server_config import load
+
+            cfg = load(config)
+        else:
+            raise UnknownNameError("preset", config, PRESETS, field=arg, also="a .toml/.json file, or a ServerConfig")
+    elif isinstance(config, ServerConfig):
+        cfg = config
+    else:
+        raise ConfigError(arg, config, "a preset name, a .toml/.json file, or a ServerConfig")
+    return cfg.with_values(overrides) if overrides else cfg
+
+
+#: Longest arm name a comparison accepts (it labels tables and charts, and names the server's folder).
+_MAX_ARM_NAME = 100
+
+
+def _arm_names(arg: str, names: object) -> tuple[str, str]:
+    """Two arm names as typed, each one line of text; the same twice is refused (their runs would merge)."""
+    allowed = f"two different names, e.g. {arg}=('config-a', 'config-a-bs8') (one line each, at most {_MAX_ARM_NAME})"
+    if isinstance(names, str) or not isinstance(names, Sequence) or len(names) != 2:
+        raise ConfigError(arg, names, allowed)
+    first, second = names
+    for name in (first, second):
+        if not isinstance(name, str) or not name.strip() or not name.isprintable() or len(name) > _MAX_ARM_NAME:
+            raise ConfigError(arg, names, allowed)
+    if first == second:
+        raise ConfigError(arg, names, allowed)
+    return first, second
+
+
+def _compare_plan(
+    a: object,
+    b: object,
+    names: object,
+    a_overrides: Mapping[str, Any] | None,
+    b_overrides: Mapping[str, Any] | None,
+    changes: Mapping[str, Any],
+) -> tuple[ServerConfig, ServerConfig, tuple[str, str]]:
+    """Both arms of a comparison, resolved and checked, with their names: nothing is launched or written.
+
+    ``b`` None means A again (with B's overrides: "A against A with a change"). Refused here: a config or
+    override that is not valid (named as typed), a B identical to A, names that are not two different ones.
+    """
+    if b is not None and not isinstance(b, (str, ServerConfig)):
+        raise ConfigError(
+            "b", b, "a config (preset, .toml/.json file, ServerConfig) or None for A again; levels go in concurrency="
+        )
+    for arg, mapping in (("a_overrides", a_overrides), ("b_overrides", b_overrides)):
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise ConfigError(arg, mapping, "a mapping of config fields to values, e.g. {'cuda_graph_max_bs': 8}")
+    a_changes, b_changes = dict(a_overrides or {}), {**(b_overrides or {}), **changes}
+    cfg_a = _resolve(a, a_changes, arg="a")  # type: ignore[arg-type]
+    cfg_b = _resolve(a if b is None else b, b_changes, arg="a" if b is None else "b")  # type: ignore[arg-type]
+    label_a = _arm_label(a, "A")
+    same = b is None or (isinstance(b, str) and b == a) or b is a
+    label_b = label_a if same else _arm_label(b, "B")
+    typed = (label_a + _changes_text(a_changes), label_b + _changes_text(b_changes))
+    changed = diff(cfg_a, cfg_b)
+    if not [c for c in changed if c.field != "port"]:  # a launch picks each arm's port anyway
+        raise ConfigError(
+            "b",
+            typed[1],
+            f"a config that differs from A ({typed[0]}): the same config twice measures only noise; give B a "
+            f"change, e.g. lab.compare({label_a!r}, cuda_graph_max_bs=8), or another config",
+            detail="the port is no difference: each server gets its own" if changed else "",
+        )
+    if names is None:
+        chosen = typed if typed[0] != typed[1] else (f"{typed[0]} (A)", f"{typed[1]} (B)")
+    else:
+        chosen = _arm_names("names", names)
+    return cfg_a, cfg_b, chosen
+
+
+#: lab.compare's own keywords: a keyword that is neither one of these nor a config field is a typo of either.
+_COMPARE_KEYWORDS = (
+    "names, a_overrides, b_overrides, repeats, prompts, input_len, output_len, seed, together, timeout_s, concurrency"
+)
+
+
+def _check_change_names(changes: Mapping[str, Any]) -> None:
+    """B's keyword changes are config fields (``cuda_graph_max_bs``, ``speculative__num_steps``, ``env__X``); any
+    other keyword is refused naming both kinds (``repeat=1`` is a typo of ``repeats``, not a field to set)."""
+    from dsv4lab.config.server_config import field_names
+
+    heads = {name.split(".", 1)[0] for name in field_names()}
+    for key, value in changes.items():
+        if key.replace("__", ".").split(".", 1)[0] not in heads:
+            raise ConfigError(
+                key,
+                value,
+                f"a config field to change in B ({', '.join(field_names())}, env.NAME) or one of compare's "
+                f"keywords ({_COMPARE_KEYWORDS})",
+            )
+
+
+def _arm_label(config: object, fallback: str) -> str:
+    """A config as its arm is called: the preset's name, the file's stem, or A/B for a ServerConfig."""
+    if isinstance(config, str):
+        return config if config in PRESETS else Path(config).stem
+    return fallback
+
+
+def _changes_text(changes: Mapping[str, Any]) -> str:
+    """``+cuda_graph_max_bs=8+speculative.num_steps=2``: the overrides an arm's name carries."""
+    return "".join(f"+{key.replace('__', '.')}={value}" for key, value in changes.items())
+
+
+def _server_names(names: tuple[str, str]) -> tuple[str, str]:
+    """Folder-safe server names for two arm names (``config_a+cuda_graph_max_bs=8`` -> ``config_a-cuda_...-8``)."""
+    out = [re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:_MAX_ARM_NAME] or "arm" for name in names]
+    return out[0], out[1]
+
+
+def _check_load(
+    concurrency: object, repeats: object, prompts: object, input_len: object, output_len: object, seed: object
+) -> None:
+    """An A/B's load, checked before any server is asked anything (each value named as its argument)."""
+    from dsv4lab.bench.workload import parse_levels
+
+    try:
+        parse_levels(concurrency)  # type: ignore[arg-type]
+    except bench.BenchError:
+        raise ConfigError("concurrency", concurrency, "one or more integers >= 1, e.g. [1, 16] or '1,16'") from None
+
+    def integer(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for arg, value in (("repeats", repeats), ("input_len", input_len), ("output_len", output_len)):
+        if not integer(value) or value < 1:  # type: ignore[operator]
+            extra = " (a verdict needs 3 per arm and level)" if arg == "repeats" else ""
+            raise ConfigError(arg, value, f"an integer >= 1{extra}")
+    if prompts is not None and (not integer(prompts) or prompts < 1):  # type: ignore[operator]
+        raise ConfigError("prompts", prompts, "an integer >= 1, or None for one wave per level")
+    if not integer(seed):
+        raise ConfigError("seed", seed, "an integer")
+
+
+def _compare_stopped(
+    exc: KeyboardInterrupt, names: tuple[str, str], runs: list[bench.BenchRuns], started: float
+) -> Interrupted:
+    """The Stop of a comparison, carrying both arms' runs so far: run one after the other, the arm being
+    measured hands over only its own."""
+    partial = getattr(exc, "partial", None)
+    if not isinstance(partial, bench.ABRuns):  # one arm after the other, or stopped while a server started
+        arms = [*runs, *([partial] if isinstance(partial, bench.BenchRuns) else [])]
+        a, b = (tuple(arms[i]) if i < len(arms) else () for i in (0, 1))
+        partial = bench.ABRuns(a, b, names[0], names[1]) if arms else None
+    return Interrupted(
+        f"comparison {names[1]} vs {names[0]}",
+        partial,
+        after=exc.after if isinstance(exc, Interrupted) else "",
+        elapsed_s=time.monotonic() - started,
+        note="both servers are being stopped",
+    )
+
+
+def _interrupted(reason: str) -> Readiness:
+    """The verdict of a launch the user stopped before any watch began."""
+    return Readiness(Verdict.INTERRUPTED, reason, (), None, (), 0.0, None, None)
+
+
+def _save_verdict(folder: Path, readiness: Readiness) -> None:
+    with contextlib.suppress(OSError):
+        write_json_atomic(folder / "readiness.json", readiness.to_dict())
+
+
+# Sessions still open at interpreter exit stop their servers: a finished papermill run, a restarted
+# kernel and a script that forgot close() must not leave GPUs held by orphans.
+_LIVE: weakref.WeakSet[Lab] = weakref.WeakSet()
+
+
+def _stop_everything() -> None:
+    for lab in list(_LIVE):
+        with contextlib.suppress(Exception):
+            lab.close()
+
+
+atexit.register(_stop_everything)
+
+
+def _stop_soon(servers: Sequence[Server], *, after_s: float = 0.5) -> None:
+    """Stop ``servers`` side by side in threads that start ``after_s`` later, once the cell has given
+    control back: the user's Stop must return within about a second, and stopping two servers beside the
+    kernel's reply (killing, copying and redacting their logs) delayed that reply past 2 s on a loaded
+    machine (0.6 s with the stop deferred). The threads are not daemons: a script still waits for them."""
+
+    def stop(server: Server) -> None:
+        with contextlib.suppress(Exception):
+            server.stop(grace_s=10.0)
+
+    for server in servers:
+        threading.Timer(after_s, stop, args=(server,)).start()

@@ -1,0 +1,435 @@
+"""Sweeps: one notebook over a grid of parameters, each point its own run dir, one index with a table and a chart.
+
+``run_sweep("04_config_b_fixed", {"mem_fraction_static": [0.55, 0.6, 0.65], "cuda_graph_max_bs": [8, 16, 32]})``
+runs the notebook once per point. A grid key the notebook does not declare but that names a config field
+(``mem_fraction_static``) is folded into the point's ``overrides``, so the same notebook sweeps any config
+knob. Before each point the memory model predicts whether it fits; points predicted to run out of memory
+are skipped (and shown as such) unless ``run_predicted_oom`` — a sweep should not spend a GPU host's hour
+confirming what arithmetic already says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from dsv4lab.atomicfile import write_json_atomic
+from dsv4lab.config.server_config import field_names
+from dsv4lab.counts import plural
+from dsv4lab.errors import ConfigError, DSV4LabError, UnknownNameError
+from dsv4lab.notebook.experiment import parse_overrides
+from dsv4lab.notebook.nbrun import (
+    check_hosts,
+    check_parameters,
+    find_notebook,
+    new_run_dir,
+    notebook_parameters,
+    run_host,
+    run_notebook,
+)
+from dsv4lab.resources import TEMPLATES
+from dsv4lab.units import Clock
+
+__all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_text", "load_points", "run_sweep"]
+
+
+@dataclass
+class SweepPoint:
+    parameters: dict[str, Any]
+    predicted: str = ""
+    status: str = "pending"  # ok | failed | skipped
+    run_dir: str | None = None
+    report: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    #: For a point predicted not to fit: the memory model's first suggestion that does.
+    suggestion: str = ""
+    #: The shortfall the model predicts (GiB), for a point predicted not to fit.
+    short_by_gib: float | None = None
+
+
+@dataclass
+class SweepResult:
+    notebook: str
+    folder: Path
+    index: Path
+    points: list[SweepPoint]
+    #: Every parameter the points share (the command's, the campaign's, the notebook's defaults).
+    fixed: dict[str, Any] = field(default_factory=dict)
+    #: The config the sweep varies: the preset and the changes every point applies.
+    base: str = ""
+
+    @property
+    def keys(self) -> list[str]:
+        """The swept parameters, in order."""
+        return list(dict.fromkeys(k for p in self.points for k in p.parameters))
+
+    @property
+    def title(self) -> str:
+        """What was swept over what: ``mem_fraction_static over config_b with cuda_graph_max_bs=16``."""
+        what = ", ".join(self.keys) or "no parameter"
+        return f"Sweep of {what} over {self.base}" if self.base else f"Sweep of {what} ({self.notebook})"
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per point: its grid values, the predicted fit, the outcome and the scalar figures."""
+        rows = []
+        for p in self.points:
+            scalars = {k: v for k, v in p.figures.items() if isinstance(v, (int, float, str, bool)) or v is None}
+            rows.append({**p.parameters, "predicted": p.predicted, "status": p.status, **scalars})
+        frame: pd.DataFrame = pd.DataFrame(rows)
+        return frame
+
+    def table_rows(self) -> list[dict[str, str]]:
+        """The index's table as text cells with units in the headers (what the terminal prints too)."""
+        names = figure_columns(self.points)
+        rows = []
+        for p in self.points:
+            row = {k: _cell(p.parameters.get(k)) for k in self.keys}
+            row["predicted"] = p.predicted
+            row["outcome"] = p.status
+            for name in names:
+                row[figure_header(name)] = _cell(p.figures.get(name), name)
+            rows.append(row)
+        return rows
+
+    def text_table(self) -> str:
+        """The table as aligned plain text, with the title and what was held fixed above it."""
+        rows = self.table_rows()
+        lines = [self.title, f"held fixed: {held_text(self.fixed)}"]
+        if rows:
+            cols = list(rows[0])
+            width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+            lines.append("  ".join(c.ljust(width[c]) for c in cols).rstrip())
+            lines.extend("  ".join(r[c].ljust(width[c]) for c in cols).rstrip() for r in rows)
+        lines.extend(self.notes())
+        return "\n".join(lines)
+
+    def notes(self) -> list[str]:
+        """What a reader should know about skipped points: by how much, and what the model suggests."""
+        skipped = [p for p in self.points if p.status == "skipped"]
+        if not skipped:
+            return []
+        shorts = [p.short_by_gib for p in skipped if p.short_by_gib is not None]
+        by = f", short by {min(shorts):.1f} to {max(shorts):.1f} GiB" if shorts else ""
+        out = [f"{plural(len(skipped), 'point')} skipped as predicted to run out of memory{by}."]
+        hints = list(dict.fromkeys(p.suggestion for p in skipped if p.suggestion))
+        if hints:
+            out.append("The memory model suggests: " + "; ".join(hints) + ".")
+        out.append("Run them anyway with --run-predicted-oom (run_predicted_oom=True in the library).")
+        return out
+
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        body = hv.p(f"held fixed: {held_text(self.fixed)}") + hv.table(self.table_rows(), max_rows=30)
+        body += "".join(hv.p(n) for n in self.notes()) + hv.p(f"index: {self.index}")
+        bad = any(p.status == "failed" for p in self.points)
+        return hv.card(self.title, body, state="fail" if bad else "ok")
+
+
+def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, in the grid's key order."""
+    keys = list(grid)
+    for k in keys:
+        if not isinstance(grid[k], (list, tuple)) or not grid[k]:
+            raise ConfigError(f"sweep parameter {k}", grid[k], "one or more values, e.g. 0.55,0.6,0.65")
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def load_points(path: str | Path) -> list[dict[str, Any]]:
+    """Sweep points from a TOML file: ``[[point]]`` tables, each a set of parameter values (any combination,
+    where a grid would be wasteful or a few hand-picked configs are the question)."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    p = Path(path).expanduser()
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: not TOML, or not UTF-8 text at all
+        raise ConfigError("points", str(p), "a readable TOML file with [[point]] tables", detail=str(exc)) from exc
+    points = data.get("point")
+    if not isinstance(points, list) or not points or not all(isinstance(x, dict) and x for x in points):
+        raise ConfigError("points", str(p), "one or more [[point]] tables, e.g. mem_fraction_static = 0.6")
+    return [dict(x) for x in points]
+
+
+def run_sweep(
+    notebook: str | Path,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    points: Sequence[Mapping[str, Any]] | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    reports_root: str | Path = "reports",
+    run_predicted_oom: bool = False,
+    execution_timeout_s: float = 3600.0,
+    trust_host_key: bool = False,
+) -> SweepResult:
+    """Run ``notebook`` at every point of ``grid`` (or at each of ``points``, from :func:`load_points`);
+    returns the result with ``index.html`` (see module doc). Every point's parameters and every host the
+    points use are checked (the host connected to once) before the sweep's folder is made."""
+    if (grid is None) == (points is None):
+        raise ConfigError("sweep", "", "either a grid of values or a list of points")
+    nb = find_notebook(notebook)
+    declared = notebook_parameters(nb)
+    fields = set(field_names())
+    base = dict(parameters or {})
+    combos = expand_grid(grid) if grid is not None else [dict(p) for p in points or ()]
+    for key in sorted({k for c in combos for k in c} | set(base)):
+        if key not in declared and not (key in fields and "overrides" in declared):
+            known = [*declared, *(sorted(fields) if "overrides" in declared else ())]
+            raise UnknownNameError(
+                "sweep parameter", key, known, field=f"sweep parameter {key} of {nb.stem}", where=f" of {nb.stem}"
+            )
+    for values in combos:  # every point checked before the first runs: a bad value in the last is refused now
+        try:
+            check_parameters(nb, _point_parameters(base, values, declared))
+        except ConfigError as exc:
+            where = " ".join(f"{k}={v}" for k, v in values.items())
+            raise exc.within(f"sweep point {where}: ") from None
+    hosts: dict[str, str] = {}
+    for values in combos:
+        host = run_host(nb, _point_parameters(base, values, declared))
+        if host is not None:
+            hosts.setdefault(host, f"sweep parameter host of {nb.stem}")
+    check_hosts(hosts, trust_host_key=trust_host_key)
+    folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
+    swept = list(dict.fromkeys(k for c in combos for k in c))
+    fixed = _fixed(base, declared, swept)
+    base_text = _base_text(fixed, declared)
+    results: list[SweepPoint] = []
+    for values in combos:
+        params = _point_parameters(base, values, declared)
+        predicted, short, hint = _predict(params, declared)
+        point = SweepPoint(values, predicted=predicted, short_by_gib=short, suggestion=hint)
+        results.append(point)
+        if point.predicted.startswith("OOM") and not run_predicted_oom:
+            point.status = "skipped"
+            continue
+        run = run_notebook(
+            nb, params, reports_root=folder, execution_timeout_s=execution_timeout_s, raise_on_error=False
+        )
+        point.status = "ok" if run.ok else "failed"
+        point.run_dir, point.report, point.figures = str(run.run_dir), str(run.report), dict(run.figures)
+        _write(nb, folder, results, fixed, base_text)
+    index = _write(nb, folder, results, fixed, base_text)
+    return SweepResult(nb.stem, folder, index, results, fixed, base_text)
+
+
+def _point_parameters(base: dict[str, Any], values: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
+    """The notebook's parameters for one point; config fields it does not declare go into ``overrides``."""
+    merged = {**base, **values}
+    params = {k: v for k, v in merged.items() if k in declared}
+    folded = [f"{k}={v}" for k, v in merged.items() if k not in declared]
+    if folded:
+        params["overrides"] = " ".join([str(params.get("overrides", "")).strip(), *folded]).strip()
+    return params
+
+
+def _base_config(params: Mapping[str, Any], declared: Mapping[str, Any]) -> tuple[Any, str, str, str] | None:
+    """The point's config, its hardware and release, when the notebook launches a preset."""
+    if "preset" not in declared:
+        return None
+    from dsv4lab.config.presets import preset
+
+    def default(name: str, fallback: str) -> str:
+        raw = params.get(name, declared[name].default if name in declared else fallback)
+        return str(raw).strip("\"'")
+
+    name = default("preset", "config_a")
+    config = preset(name).with_values(parse_overrides(str(params.get("overrides", ""))))
+    return config, name, default("hardware", "rtx-pro-6000-x8"), default("sglang_version", "0.5.23")
+
+
+def _predict(params: Mapping[str, Any], declared: Mapping[str, Any]) -> tuple[str, float | None, str]:
+    """The memory model's verdict on the point's config (when the notebook launches a preset), the
+    shortfall, and for a point that does not fit the first change the model predicts to fit."""
+    from dsv4lab.model.memory import preflight, suggest
+
+    try:
+        found = _base_config(params, declared)
+        if found is None:
+            return "", None, ""
+        config, _, hardware, release = found
+        p = preflight(config, hardware, sglang_version=release)
+    except DSV4LabError as exc:
+        return f"invalid: {exc}", None, ""
+    if p.fits:
+        return f"fits ({p.min_headroom_gib:.1f} GiB to spare)", None, ""
+    hint = ""
+    with contextlib.suppress(DSV4LabError):
+        options = suggest(config, hardware, sglang_version=release)
+        if options:
+            first = options[0]
+            change = " ".join(f"{k}={v}" for k, v in first.changes.items())
+            hint = f"{change} ({first.preflight.min_headroom_gib:.1f} GiB to spare)"
+    return f"OOM, short by {p.short_by_gib or 0:.1f} GiB", p.short_by_gib, hint
+
+
+def _fixed(base: Mapping[str, Any], declared: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """What every point shares: the notebook's defaults, overridden by the sweep's fixed parameters (config
+    fields it folds into overrides included); the swept keys and the run dir are not fixed."""
+    import ast
+
+    out: dict[str, Any] = {}
+    for name, p in declared.items():
+        if name in keys or name == "run_dir":
+            continue
+        try:
+            out[name] = ast.literal_eval(p.default)
+        except (ValueError, SyntaxError):
+            out[name] = p.default
+    out.update({k: v for k, v in base.items() if k not in keys})
+    return out
+
+
+def _base_text(fixed: Mapping[str, Any], declared: Mapping[str, Any]) -> str:
+    """``config_b with cuda_graph_max_bs=16``: the preset the points start from and the changes they share."""
+    if "preset" not in declared:
+        return ""
+    changes = [f"{k}={v}" for k, v in fixed.items() if k not in declared]
+    overrides = str(fixed.get("overrides", "") or "").strip()
+    if overrides:
+        changes.insert(0, overrides)
+    preset = str(fixed.get("preset", "config_a"))
+    return preset + (f" with {' '.join(changes)}" if changes else "")
+
+
+def held_text(fixed: Mapping[str, Any]) -> str:
+    """The fixed parameters in one line (empty values left out)."""
+    shown = [f"{k}={v}" for k, v in fixed.items() if v not in ("", None, [])]
+    return ", ".join(shown) or "nothing"
+
+
+#: Units of the figures notebooks record, by name ending (a figure a sweep shows must say its unit).
+_UNITS = (("_tok_s", "tok/s"), ("_gib", "GiB"), ("_ms", "ms"), ("_s", "s"), ("_share", "%"))
+
+
+def figure_header(name: str) -> str:
+    """A figure's column header with its unit: ``output_throughput_c16`` -> ``output tok/s at C=16``."""
+    if name.startswith("output_throughput_c"):
+        return f"output tok/s at C={name.rsplit('_c', 1)[1]}"
+    words = name.replace("_", " ")
+    for suffix, unit in _UNITS:
+        if name.endswith(suffix):
+            return f"{name[: -len(suffix)].replace('_', ' ')} ({unit})"
+    return words
+
+
+def figure_columns(points: Sequence[SweepPoint]) -> list[str]:
+    """The scalar figures any point recorded, in first-seen order (texts longer than a cell left out)."""
+    names: dict[str, None] = {}
+    for p in points:
+        for k, v in p.figures.items():
+            if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 40):
+                names.setdefault(k)
+    return list(names)
+
+
+def _cell(value: Any, name: str = "") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if name.endswith("_share"):
+            return f"{value:.0%}"
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[str, Any], base: str) -> Path:
+    """``index.html`` (a table and a chart) and ``sweep.json`` for the points so far."""
+    import jinja2
+
+    from dsv4lab.plots import to_svg
+
+    result = SweepResult(nb.stem, folder, folder / "index.html", list(points), dict(fixed), base)
+    frame = result.to_frame()
+    write_json_atomic(
+        folder / "sweep.json",
+        {
+            "notebook": nb.stem,
+            "title": result.title,
+            "swept": result.keys,
+            "fixed": dict(fixed),
+            "base": base,
+            "points": frame.to_dict("records"),
+            "notes": result.notes(),
+        },
+    )
+    chart_svg = ""
+    metric = _metric(frame)
+    keys = result.keys
+    if metric and keys:
+        chart_svg = to_svg(_chart(frame, keys, metric, result.title))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True)
+    cells = result.table_rows()
+    rows: list[dict[str, Any]] = []
+    for p, row in zip(points, cells, strict=True):
+        report = str(Path(p.report).relative_to(folder)) if p.report else None
+        rows.append({"cells": row, "status": p.status, "report": report})
+    clock = ""
+    if str(fixed.get("target", "")) == "twin":
+        with contextlib.suppress(TypeError, ValueError):
+            clock = Clock.twin(float(fixed.get("time_scale", 1.0)), str(fixed.get("hardware", "")) or None).note()
+    page = env.get_template("sweep_index.html.j2").render(
+        title=result.title,
+        notebook=nb.stem,
+        held=held_text(fixed),
+        columns=list(cells[0]) if cells else [],
+        rows=rows,
+        chart_svg=chart_svg,
+        notes=result.notes(),
+        clock=clock,
+    )
+    from dsv4lab.atomicfile import write_text_atomic
+    from dsv4lab.notebook.report import public_html
+
+    return write_text_atomic(folder / "index.html", public_html(page, [folder]))  # shared like a report
+
+
+def _metric(frame: pd.DataFrame) -> str | None:
+    """The figure the chart shows: the highest-concurrency output throughput the points recorded."""
+    names = [c for c in frame.columns if str(c).startswith("output_throughput_c")]
+    if not names:
+        return None
+    return max(names, key=lambda c: int(str(c).rsplit("_c", 1)[1]))
+
+
+def _chart(frame: pd.DataFrame, keys: Sequence[str], metric: str, title: str) -> Any:
+    data = frame.copy()
+    data["outcome"] = [
+        "skipped: predicted OOM" if s == "skipped" else ("ran" if s == "ok" else "failed") for s in data["status"]
+    ]
+    data[metric] = pd.to_numeric(data.get(metric), errors="coerce").fillna(0.0)
+    x = alt.X(f"{keys[0]}:O", title=keys[0])
+    encodings: dict[str, Any] = {"x": x, "y": alt.Y(f"{metric}:Q", title=figure_header(metric))}
+    if len(keys) > 1:
+        encodings["xOffset"] = alt.XOffset(f"{keys[1]}:O", title=keys[1])
+        encodings["color"] = alt.Color(f"{keys[1]}:O", title=keys[1])
+    chart = (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(**encodings, opacity=alt.condition("datum.outcome == 'ran'", alt.value(1.0), alt.value(0.3)))
+    )
+    text = (
+        alt.Chart(data)
+        .mark_text(dy=-6, fontSize=10)
+        .encode(x=x, **({"xOffset": encodings["xOffset"]} if len(keys) > 1 else {}), y=encodings["y"], text="outcome:N")
+    )
+    return (chart + text).properties(
+        title={"text": title, "subtitle": "faded: not run (predicted OOM) or failed"},
+        width=520,
+        height=260,
+    )

@@ -1,0 +1,652 @@
+"""Start, find again and stop a server (SGLang or the twin) on a host.
+
+A launch writes everything it needs into one run directory on the host — config, env file, launch
+script, and a ``handle.json`` — so that a later notebook, another machine or ``dsv4lab stop`` can
+re-attach from the directory alone. Stopping ends the whole process tree: SGLang leaves scheduler and
+detokenizer children behind, and a GPU held by an orphan blocks the next launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from dsv4lab.config.launch_script import Target, render_argv, render_env_file, render_launch_script
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.config.versions import resolve_release
+from dsv4lab.counts import plural
+from dsv4lab.errors import DSV4LabError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
+from dsv4lab.hosts import Host, KillReport, LocalHost
+from dsv4lab.rundir import RunLayout
+from dsv4lab.units import REAL, Clock
+
+__all__ = [
+    "LaunchError",
+    "ServerHandle",
+    "StaleServerError",
+    "attach",
+    "check_host",
+    "find_listener",
+    "launch",
+    "launch_nodes",
+    "pick_port",
+    "release_port",
+    "reserve_port",
+]
+
+HANDLE_FILE = "handle.json"
+
+T = TypeVar("T")
+
+
+#: Attempts of an idempotent launch step when the SSH connection drops under it, and the pause before each retry.
+_STEP_ATTEMPTS = 3
+_STEP_BACKOFF_S = 0.5
+
+
+def _retry(step: Callable[[], T]) -> T:
+    """Run an idempotent launch step; again (up to three times in all) if the SSH connection dropped under it.
+
+    A host re-opens a connection it finds dead before running anything, so only a drop in the middle of a
+    step (or a reconnect that failed) gets here; every step but the start itself can simply be done again.
+    """
+    for attempt in range(1, _STEP_ATTEMPTS + 1):
+        try:
+            return step()
+        except HostConnectionError:
+            if attempt == _STEP_ATTEMPTS:
+                raise
+            time.sleep(_STEP_BACKOFF_S * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# The launcher of one run dir, found by its PID file or, before it has written that, by its command line:
+# what a start whose answer was lost (a dropped connection, the user's Stop) may have left running.
+_FIND_LAUNCHER = r"""
+script=$1; pidfile=$2; tries=$3
+i=0
+while [ "$i" -lt "$tries" ]; do
+  if [ -s "$pidfile" ]; then cat -- "$pidfile"; exit 0; fi
+  found=$(ps -eww -o pid=,args= 2>/dev/null | awk -v want="bash $script" '
+    { line = $0; sub(/^ *[0-9]+ /, "", line)
+      if (line == want) { sub(/^ */, ""); split($0, a, " "); print a[1]; exit } }')
+  if [ -n "$found" ]; then echo "$found"; exit 0; fi
+  sleep 0.1
+  i=$((i + 1))
+done
+echo NONE
+"""
+
+
+def _find_launcher(host: Host, layout: RunLayout, *, wait_s: float, timeout_s: float) -> int | None:
+    """The PID of the launch script of ``layout`` if it was started (running or already ended), else None."""
+    tries = str(max(1, round(wait_s / 0.1)))
+    argv = ["bash", "-c", _FIND_LAUNCHER, "dsv4lab-find", layout.script, layout.launcher_pid, tries]
+    out = _retry(lambda: host.run(argv, timeout_s=timeout_s).check()).stdout.split()
+    return int(out[-1]) if out and out[-1].isdigit() else None
+
+
+def _start(host: Host, layout: RunLayout, run_dir: str, timeout_s: float) -> int:
+    """Start the launch script detached and return its PID — exactly once, even if the connection drops.
+
+    When the answer to the start is lost, the script may or may not be running: look for it (its PID file
+    or its command line) and adopt it, or start it if it never began. A Stop in that moment ends whatever
+    was started before the interrupt goes on.
+    """
+    try:
+        return _start_once(host, layout, run_dir, timeout_s)
+    except BaseException as exc:
+        if not isinstance(exc, HostConnectionError):
+            with contextlib.suppress(Exception):
+                pid = _find_launcher(host, layout, wait_s=0.5, timeout_s=timeout_s)
+                if pid is not None:
+                    host.kill_tree(pid, grace_s=2.0)
+        raise
+
+
+def _start_once(host: Host, layout: RunLayout, run_dir: str, timeout_s: float) -> int:
+    argv = ["bash", layout.script]
+    try:
+        return host.start_detached(argv, cwd=run_dir, timeout_s=timeout_s)
+    except HostConnectionError as exc:
+        lost = exc
+    for attempt in range(3):
+        try:
+            pid = _find_launcher(host, layout, wait_s=2.0, timeout_s=timeout_s)
+        except HostConnectionError as exc:
+            lost = exc
+            time.sleep(0.5 * (attempt + 1))
+            continue
+        return pid if pid is not None else host.start_detached(argv, cwd=run_dir, timeout_s=timeout_s)
+    raise HostConnectionError(
+        f"the SSH connection to {host.name} dropped while starting the server in {run_dir}, and the host could "
+        f"not be asked whether it started ({lost}). It may be running: its PID is in {layout.launcher_pid} on "
+        "the host; stop it with `kill -- -PID` there before launching on that port again"
+    )
+
+
+@dataclass
+class ServerHandle:
+    """A launched server: where it runs, what it is, and the files that tell its fate."""
+
+    host: Host
+    config: ServerConfig
+    run_dir: str
+    launcher_pid: int
+    started_at: float
+    target: Target = "sglang"
+    sglang_version: str = "0.5.23"
+    node_rank: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
+
+    @property
+    def log_path(self) -> str:
+        return self.layout.log
+
+    @property
+    def port(self) -> int:
+        return self.config.port
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this server's figures are read on (the twin's modelled hardware, or as measured)."""
+        if self.target != "twin":
+            return REAL
+        return Clock.from_twin_env({"DSV4LAB_TWIN_TIME_SCALE": "1", **dict(self.extra.get("twin_env") or {})})
+
+    def server_pid(self) -> int | None:
+        """PID of the server process, once the launch script has started it."""
+        text = self.host.read_text(self.layout.server_pid)
+        return int(text) if text and text.strip().isdigit() else None
+
+    def exit_status(self) -> int | None:
+        """The server's exit status when it has ended (or the launcher's, if it died before starting it)."""
+        for path in (self.layout.server_exit, self.layout.launcher_exit):
+            text = self.host.read_text(path)
+            if text and text.strip().lstrip("-").isdigit():
+                return int(text.strip())
+        return None
+
+    def is_alive(self) -> bool:
+        return self.host.is_alive(self.launcher_pid)
+
+    def stopped_on_purpose(self) -> bool:
+        """Whether :meth:`stop` (or ``dsv4lab stop``) ended this server."""
+        return self.host.read_text(self.layout.stopped) is not None
+
+    def stop(self, *, grace_s: float = 10.0) -> KillReport:
+        """End the launcher, the server and every child; report what was stopped.
+
+        A ``stopped.json`` marker goes into the run dir first, so that a watcher that sees the death calls
+        it STOPPED rather than CRASHED.
+        """
+        if self.is_alive():
+            marker = {"stopped_at": time.time(), "launcher_pid": self.launcher_pid}
+            with contextlib.suppress(DSV4LabError):  # the kill matters more than the marker
+                self.host.put_text(self.layout.stopped, json.dumps(marker) + "\n", mode=0o600)
+        report = self.host.kill_tree(self.launcher_pid, grace_s=grace_s)
+        pid = self.server_pid()
+        if pid is not None and self.host.is_alive(pid):  # a server that left the launcher's group
+            extra = self.host.kill_tree(pid, grace_s=grace_s)
+            report = KillReport(
+                report.root_pid,
+                tuple(sorted({*report.terminated, *extra.terminated})),
+                tuple(sorted({*report.killed, *extra.killed})),
+            )
+        return report
+
+    def to_dict(self) -> dict[str, Any]:
+        """The handle as ``handle.json`` records it: secrets redacted (``env.sh`` alone keeps them)."""
+        from dsv4lab.secrets import collect_secrets, redact_data
+
+        record = {
+            "host": self.host.name,
+            "run_dir": self.run_dir,
+            "launcher_pid": self.launcher_pid,
+            "started_at": self.started_at,
+            "target": self.target,
+            "sglang_version": self.sglang_version,
+            "node_rank": self.node_rank,
+            "port": self.port,
+            "config": self.config.to_dict(redact=True),
+            **self.extra,
+        }
+        data: dict[str, Any] = redact_data(record, collect_secrets(self.config, self.extra))
+        return data
+
+    def _repr_html_(self) -> str:
+        from dsv4lab import htmlview as hv
+
+        facts: list[tuple[str, object]] = [
+            ("host", f"{self.host.name} ({self.target}, SGLang {self.sglang_version} flags)"),
+            ("port", str(self.port)),
+            ("run dir", self.run_dir),
+            ("launcher PID", str(self.launcher_pid)),
+        ]
+        return hv.card("launched server", hv.kv_table(facts))
+
+
+def find_listener(host: Host, port: int, *, timeout_s: float = 15.0) -> tuple[bool, list[int]]:
+    """(something listens on ``port`` on the host's loopback, PIDs of the listeners when ``ss`` can tell)."""
+    script = (
+        'if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then echo LISTEN; fi\n'
+        'ss -ltnpH "sport = :$1" 2>/dev/null | grep -o "pid=[0-9]*" | cut -d= -f2 | sort -un || true\n'
+    )
+    result = host.run(["bash", "-c", script, "dsv4lab-port", str(port)], timeout_s=timeout_s)
+    lines = result.stdout.split()
+    return ("LISTEN" in lines, [int(x) for x in lines if x.isdigit()])
+
+
+#: A run dir, private to the user whether it is new or was made before (by a notebook's session, say).
+_PRIVATE_DIR = 'mkdir -p -- "$1" && chmod 700 -- "$1"'
+
+#: Where a host keeps dsv4lab's per-user state (port reservations); private to the user.
+_STATE_DIR = '"${DSV4LAB_STATE_DIR:-$HOME/.cache/dsv4lab}"'
+
+# Every change to the reservations happens under one lock per user and host: taking over a stale
+# reservation is a read, a check and a remove, and two launches doing that at once each removed the other's
+# fresh reservation and both took the port (seen in CI; 50 of 100 tries with a stale file in place).
+# flock(1) is util-linux, on every Linux host; without it the steps run unlocked (noclobber still keeps
+# two launches off a free port).
+#: How long (s) a launch waits for another's hold on the reservations (each holds it for milliseconds);
+#: under the 15 s a reservation step may take in all.
+PORT_LOCK_WAIT_S = 10.0
+
+_PORTS_LOCKED = r"""
+dir=__STATE__/ports
+mkdir -p -m 700 -- "$dir" || exit 3
+if command -v flock >/dev/null 2>&1; then
+  exec 9>>"$dir/.lock" || exit 3
+  flock -w __LOCK_WAIT__ 9 || { echo LOCKED; exit 0; }
+fi
+""".replace("__STATE__", _STATE_DIR)
+
+# Reserve a port for one launch, atomically, so that two launches a second apart — before either server
+# binds — cannot both take it. A reservation names its run dir and, once started, the launcher PID; it is
+# stale when that PID is dead, or (no PID yet) when it is older than 5 minutes.
+_RESERVE_PORT = (
+    _PORTS_LOCKED
+    + r"""
+f="$dir/$1"
+for attempt in 1 2 3; do
+  if ( set -o noclobber; printf '%s\n' "$2" > "$f" ) 2>/dev/null; then echo RESERVED; exit 0; fi
+  owner=$(sed -n 1p "$f" 2>/dev/null); pid=$(sed -n 2p "$f" 2>/dev/null)
+  if [ "$owner" = "$2" ]; then rm -f -- "$f"; continue; fi
+  if [ -n "$pid" ]; then
+    state=$(ps -o stat= -p "$pid" 2>/dev/null) && case "$state" in *Z*) ;; *) echo "TAKEN $pid $owner"; exit 0 ;; esac
+    rm -f -- "$f"; continue
+  fi
+  age=$(( $(date +%s) - $(stat -c %Y -- "$f" 2>/dev/null || echo 0) ))
+  if [ "$age" -lt 300 ]; then echo "TAKEN - $owner"; exit 0; fi
+  rm -f -- "$f"
+done
+echo "TAKEN - ?"
+"""
+)
+
+_CLAIM_PORT = (
+    _PORTS_LOCKED
+    + r"""
+f="$dir/$1"
+[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && printf '%s\n%s\n' "$2" "$3" > "$f.tmp" && mv -f -- "$f.tmp" "$f"
+exit 0
+"""
+)
+
+_RELEASE_PORT = (
+    _PORTS_LOCKED
+    + r"""
+f="$dir/$1"
+[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && rm -f -- "$f"
+exit 0
+"""
+)
+
+
+# Ports that are listening or reserved by a live dsv4lab launch, one per line.
+_BUSY_PORTS = r"""
+if command -v ss >/dev/null 2>&1; then
+  ss -ltnH 2>/dev/null | awk '{ n = split($4, a, ":"); print a[n] }'
+else
+  for f in /proc/net/tcp /proc/net/tcp6; do
+    [ -r "$f" ] && awk 'NR > 1 && $4 == "0A" { split($2, a, ":"); print strtonum("0x" a[2]) }' "$f"
+  done
+fi
+# Reservations pile up (one per launch ever made, stale once its launcher is gone): read them with builtins
+# against one process listing, not a sed and a ps per file, or every launch gets slower with age.
+dir=__STATE__/ports
+live=" $(ps -e -o pid= 2>/dev/null | tr -s ' \n' '  ') "
+for f in "$dir"/*; do
+  [ -e "$f" ] || continue
+  pid=""
+  { IFS= read -r _owner; IFS= read -r pid; } < "$f" 2>/dev/null
+  case "$pid" in
+    "") echo "${f##*/}" ;;
+    *[!0-9]*) ;;
+    *) case "$live" in *" $pid "*) echo "${f##*/}" ;; esac ;;
+  esac
+done
+""".replace("__STATE__", _STATE_DIR)
+
+
+def pick_port(host: Host, start: int, *, avoid: Sequence[int] = (), timeout_s: float = 15.0) -> int:
+    """The first port from ``start`` that nothing listens on and no live launch has reserved (one call).
+
+    Only a hint: :func:`launch` reserves the port atomically and refuses it if another launch got there
+    first, so a caller retries with the next port.
+    """
+    out = host.run(["bash", "-c", _BUSY_PORTS], timeout_s=timeout_s).stdout.split()
+    busy = {int(x) for x in out if x.isdigit()} | set(avoid)
+    port = start
+    while port in busy:
+        port += 1
+    if port > 65535:
+        raise LaunchError(f"no free port on {host.name} from {start} up")
+    return port
+
+
+def _ports_script(script: str, lock_wait_s: float = PORT_LOCK_WAIT_S) -> str:
+    return script.replace("__LOCK_WAIT__", f"{lock_wait_s:g}")
+
+
+def reserve_port(
+    host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0, lock_wait_s: float = PORT_LOCK_WAIT_S
+) -> None:
+    """Reserve ``port`` on ``host`` for the launch into ``run_dir``, or raise :class:`StaleServerError`."""
+    script = _ports_script(_RESERVE_PORT, lock_wait_s)
+    out = host.run(["bash", "-c", script, "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s).check()
+    words = out.stdout.split(maxsplit=2)
+    if words[:1] == ["RESERVED"]:
+        return
+    if words[:1] == ["LOCKED"]:
+        raise LaunchError(
+            f"could not reserve port {port} on {host.name}: another process has held dsv4lab's port "
+            f"reservations lock for over {lock_wait_s:g} s (ports/.lock in $DSV4LAB_STATE_DIR, by default "
+            "~/.cache/dsv4lab); find it with `fuser -v` on that file, end it, and launch again"
+        )
+    pid = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+    owner = words[2] if len(words) > 2 else "?"
+    holder = f"the dsv4lab launch into {owner}" + (f" (launcher PID {pid})" if pid else " (starting now)")
+    raise StaleServerError(host.name, port, [pid] if pid else [], holder=holder)
+
+
+def release_port(host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0) -> None:
+    """Drop ``run_dir``'s reservation of ``port`` (a reservation by another run is left alone)."""
+    host.run(["bash", "-c", _ports_script(_RELEASE_PORT), "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s)
+
+
+# One remote call that checks what a launch needs before anything starts: the interpreter (after the
+# user's env files, which often activate a venv), its module, and the tuned kernel-config folder.
+_CHECK_HOST = r"""
+py=$1; module=$2; kdir=$3; shift 3
+for f in "$@"; do
+  case "$f" in "~/"*) f="$HOME/${f#\~/}" ;; esac
+  [ -r "$f" ] || { echo "NOENVFILE $f"; exit 0; }
+  # shellcheck disable=SC1090
+  source "$f" >/dev/null 2>&1 || { echo "BADENVFILE $f"; exit 0; }
+done
+command -v -- "$py" >/dev/null 2>&1 || { echo "NOPYTHON"; exit 0; }
+case "$py" in /*) ;; */*) py="$PWD/$py" ;; esac
+# From /: the server runs in a fresh run dir, so a package in this shell's cwd must not count.
+( cd / && "$py" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)' \
+  "$module" ) >/dev/null 2>&1 || {
+  echo "NOMODULE $("$py" -c 'import sys; print(sys.executable)' 2>/dev/null)"
+  exit 0
+}
+if [ -n "$kdir" ]; then
+  case "$kdir" in "~/"*) kdir="$HOME/${kdir#\~/}" ;; esac
+  [ -d "$kdir" ] || { echo "NOKDIR"; exit 0; }
+  ls -- "$kdir"/N=*.json >/dev/null 2>&1 || { echo "EMPTYKDIR"; exit 0; }
+fi
+echo OK
+"""
+
+
+def check_host(
+    host: Host, config: ServerConfig, *, target: Target = "sglang", python: str = "python3", timeout_s: float = 30.0
+) -> None:
+    """Raise :class:`~dsv4lab.errors.HostSetupError` naming what the launch would miss on ``host``.
+
+    The server's interpreter must exist after the config's env files are sourced and must find ``sglang``
+    (or ``dsv4lab`` for the twin); a ``kernel_config_dir`` must hold tuned ``N=*.json`` files, because
+    without them SGLang quietly runs the untuned kernels and the campaign measures the wrong thing.
+    """
+    module = "dsv4lab" if target == "twin" else "sglang"
+    argv = [
+        "bash",
+        "-c",
+        _CHECK_HOST,
+        "dsv4lab-check",
+        python,
+        module,
+        config.kernel_config_dir or "",
+        *config.env_files,
+    ]
+    out = host.run(argv, timeout_s=timeout_s).check().stdout.strip().splitlines()
+    verdict = out[-1] if out else "?"
+    word, _, rest = verdict.partition(" ")
+    if word == "OK":
+        return
+    if word == "NOENVFILE":
+        raise HostSetupError(f"on {host.name}: the env file {rest} in env_files does not exist or is not readable")
+    if word == "BADENVFILE":
+        raise HostSetupError(f"on {host.name}: sourcing the env file {rest} failed")
+    if word == "NOPYTHON":
+        raise HostSetupError(
+            f"on {host.name}: the interpreter {python!r} was not found; name the server host's Python with "
+            "python= (CLI --python), e.g. the venv or conda env where SGLang is installed"
+        )
+    if word == "NOMODULE":
+        where = f" ({rest})" if rest else ""
+        raise HostSetupError(
+            f"on {host.name}: the interpreter {python!r}{where} cannot import {module!r}; install it there or "
+            f"point python= (CLI --python) at the environment that has it"
+        )
+    if word in ("NOKDIR", "EMPTYKDIR"):
+        what = "does not exist" if word == "NOKDIR" else "holds no tuned N=*.json kernel configs"
+        raise HostSetupError(
+            f"on {host.name}: kernel_config_dir {config.kernel_config_dir!r} {what}; without it SGLang runs the "
+            "untuned FP8 kernels. Copy the tuned JSONs there, or unset kernel_config_dir to run untuned on purpose"
+        )
+    raise HostSetupError(f"on {host.name}: the pre-launch check printed {verdict!r}")
+
+
+def check_twin(config: ServerConfig, twin_env: Mapping[str, str] | None, sglang_version: str) -> None:
+    """Raise :class:`~dsv4lab.errors.ConfigError` for what would make the twin exit at start: its settings
+    (hardware, time scale, fault) and the memory model's refusals (an unknown model, more GPUs than the
+    hardware has). Found before the launch, they are bad input, not a crash to diagnose."""
+    from dsv4lab.model.memory import preflight
+    from dsv4lab.twin.settings import TwinSettings
+
+    settings = TwinSettings.from_env({**(twin_env or {}), "DSV4LAB_TWIN_SGLANG_VERSION": sglang_version})
+    preflight(config, settings.hardware, sglang_version=settings.release)
+
+
+def launch(
+    host: Host,
+    config: ServerConfig,
+    run_dir: str,
+    *,
+    target: Target = "sglang",
+    sglang_version: str | None = None,
+    python: str | None = None,
+    twin_env: Mapping[str, str] | None = None,
+    replace_stale: bool = False,
+    check: bool = True,
+    timeout_s: float = 60.0,
+) -> ServerHandle:
+    """Upload the env file and launch script into ``run_dir`` on ``host``, start the server, return at once.
+
+    ``target="twin"`` starts the SGLang twin with the same flags (``twin_env`` sets its hardware profile,
+    time scale and fault). ``python`` is the server host's interpreter (a venv or conda env); with
+    ``check`` it is checked first, with the kernel-config folder, in one remote call (:func:`check_host`).
+    A port in use, or reserved by another launch, raises :class:`StaleServerError` unless
+    ``replace_stale`` kills the process tree holding it.
+    """
+    release = resolve_release(sglang_version)
+    render_env_file(config)  # what cannot be rendered (a flag the release lacks, a redacted secret) is refused
+    render_argv(config, release)  # here, before anything is written on the host
+    if target == "twin":
+        check_twin(config, twin_env, release.version)
+    if python is None:
+        python = sys.executable if target == "twin" and isinstance(host, LocalHost) else "python3"
+    if check:
+        _retry(lambda: check_host(host, config, target=target, python=python, timeout_s=timeout_s))
+    run_dir = _retry(lambda: host.absolute_path(run_dir))
+    layout = RunLayout(run_dir)
+    # Private: the run dir holds env.sh with the server's secrets (0600 inside a 0700 dir; see render).
+    _retry(lambda: host.run(["bash", "-c", _PRIVATE_DIR, "dsv4lab-mkdir", run_dir], timeout_s=timeout_s).check())
+    previous = _read_handle(host, run_dir)
+    if previous is not None and _retry(lambda: host.is_alive(int(previous["launcher_pid"]))):
+        if not replace_stale:
+            raise LaunchError(
+                f"run dir {run_dir} on {host.name} already has a running server (launcher PID "
+                f"{previous['launcher_pid']}); stop it first or use another run dir"
+            )
+        host.kill_tree(int(previous["launcher_pid"]), grace_s=10.0)
+    try:
+        _retry(lambda: reserve_port(host, config.port, run_dir, timeout_s=timeout_s))
+    except StaleServerError as exc:
+        if not replace_stale or not exc.pids:
+            raise
+        host.kill_tree(exc.pids[0], grace_s=10.0)
+        _retry(lambda: reserve_port(host, config.port, run_dir, timeout_s=timeout_s))
+    try:
+        listening, pids = _retry(lambda: find_listener(host, config.port, timeout_s=timeout_s))
+        if listening:
+            if not replace_stale or not pids:
+                raise StaleServerError(host.name, config.port, pids)
+            for pid in pids:
+                host.kill_tree(pid, grace_s=10.0)
+        # An old stop marker would make the new server's death a "stop"; an old launcher.pid would be taken
+        # for this launch's if the connection dropped while starting it.
+        old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]
+        _retry(lambda: host.run(old, timeout_s=timeout_s).check())
+        _retry(lambda: host.put_text(layout.config_file, config.to_toml(redact=True), mode=0o600))
+        _retry(lambda: host.put_text(layout.env_file, render_env_file(config), mode=0o600))
+        script = render_launch_script(
+            config, run_dir=run_dir, sglang_version=release, python=python, target=target, twin_env=twin_env
+        )
+        _retry(lambda: host.put_text(layout.script, script, mode=0o700))
+        started = time.time()
+        pid = _start(host, layout, run_dir, timeout_s)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            release_port(host, config.port, run_dir)
+        raise
+    try:
+        claim = ["bash", "-c", _ports_script(_CLAIM_PORT), "dsv4lab-port", str(config.port), run_dir, str(pid)]
+        _retry(lambda: host.run(claim, timeout_s=timeout_s))
+        handle = ServerHandle(
+            host,
+            config,
+            run_dir,
+            pid,
+            started,
+            target,
+            release.version,
+            config.node_rank,
+            {"twin_env": dict(twin_env or {}), "python": python},
+        )
+        record = json.dumps(handle.to_dict(), indent=2)
+        _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record, mode=0o600))
+    except BaseException:
+        # Without handle.json nothing could find this server again: it must not outlive the failed launch.
+        with contextlib.suppress(Exception):
+            host.kill_tree(pid, grace_s=2.0)
+        with contextlib.suppress(Exception):
+            release_port(host, config.port, run_dir)
+        raise
+    return handle
+
+
+def launch_nodes(
+    hosts: Sequence[Host],
+    config: ServerConfig,
+    run_dir: str,
+    *,
+    dist_port: int = 5000,
+    node0_address: str | None = None,
+    port_step: int = 0,
+    target: Target = "sglang",
+    sglang_version: str | None = None,
+    python: str | None = None,
+    twin_env: Mapping[str, str] | None = None,
+    replace_stale: bool = False,
+    timeout_s: float = 60.0,
+) -> list[ServerHandle]:
+    """One process per node for ``nnodes > 1``: the same flags with node_rank 0..n-1 and node 0's address.
+
+    Each node gets its own ``run_dir/nodeN``. ``port_step`` shifts node N's port by N x step, which only
+    matters when several "nodes" share one machine (a rehearsal on the twin).
+    """
+    if len(hosts) != config.nnodes:
+        raise LaunchError(
+            f"config has nnodes={config.nnodes} but {plural(len(hosts), 'host')} "
+            f"{plural(len(hosts), 'was', number=False)} given"
+        )
+    addr = config.dist_init_addr or f"{node0_address or '127.0.0.1'}:{dist_port}"
+    handles: list[ServerHandle] = []
+    try:
+        for rank, host in enumerate(hosts):
+            node_config = config.replace(node_rank=rank, dist_init_addr=addr, port=config.port + rank * port_step)
+            handles.append(
+                launch(
+                    host,
+                    node_config,
+                    f"{run_dir}/node{rank}",
+                    target=target,
+                    sglang_version=sglang_version,
+                    python=python,
+                    twin_env=twin_env,
+                    replace_stale=replace_stale,
+                    timeout_s=timeout_s,
+                )
+            )
+    except Exception:
+        for h in handles:
+            h.stop(grace_s=2.0)
+        raise
+    return handles
+
+
+def _read_handle(host: Host, run_dir: str) -> dict[str, Any] | None:
+    text = host.read_text(f"{run_dir}/{HANDLE_FILE}")
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def attach(host: Host, run_dir: str) -> ServerHandle:
+    """The handle of a server launched earlier into ``run_dir`` (running or not)."""
+    run_dir = host.absolute_path(run_dir)
+    data = _read_handle(host, run_dir)
+    if data is None:
+        raise LaunchError(f"no dsv4lab launch in {run_dir} on {host.name} ({HANDLE_FILE} missing or unreadable)")
+    config = ServerConfig.from_dict(data["config"])
+    target: Target = "twin" if data.get("target") == "twin" else "sglang"
+    extra = {k: v for k, v in data.items() if k in ("twin_env", "python")}
+    return ServerHandle(
+        host,
+        config,
+        run_dir,
+        int(data["launcher_pid"]),
+        float(data["started_at"]),
+        target,
+        str(data.get("sglang_version", "0.5.23")),
+        int(data.get("node_rank", 0)),
+        extra,
+    )
