@@ -214,7 +214,7 @@ def run_ab(
         # A run cut by the Stop is the last one made (at most one is cut: the A/B stops after it).
         made = sorted([*partial.a, *partial.b], key=lambda r: r.partial)
         after = runs_after(made, _planned(concurrencies, repeats, interleave))
-        reporter.finish(f"stopped by the user {after}", "fail")
+        reporter.finish(f"stopped by the user {after}", "warn")
         reporter.tick()
         what = f"A/B benchmark {label_b} vs {label_a}"
         raise Interrupted(what, partial, after=after, elapsed_s=reporter.elapsed_s) from None

@@ -48,7 +48,7 @@ from dsv4lab.blocking import run_blocking
 from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.hosts import Host
-from dsv4lab.progress import Progress
+from dsv4lab.progress import Progress, State
 from dsv4lab.units import fmt_tok_s
 
 __all__ = [
@@ -334,7 +334,7 @@ async def run_async(
     except asyncio.CancelledError:
         if not state.interrupted:  # stopped before any request went out: there is nothing to keep
             if own_progress:
-                reporter.finish("stopped by the user", "fail")
+                reporter.finish("stopped by the user", "warn")
             raise
         records = [RequestRecord(s.index, "not_sent", 0.0, error="not sent: stopped by the user") for s in specs]
     finally:
@@ -391,7 +391,8 @@ def _finish(reporter: Progress, result: BenchResult) -> None:
     s = result.on_hardware
     counts = f"{s.completed}/{s.total} {plural(s.total, 'request', number=False)} ok"
     if result.partial:
-        reporter.finish(f"PARTIAL: {result.abort_reason}", "fail", detail=counts)
+        state: State = "warn" if result.interrupted else "fail"  # the user's Stop is no failure: amber, not red
+        reporter.finish(f"PARTIAL: {result.abort_reason}", state, detail=counts)
     elif s.completed == 0:
         reporter.finish(f"FAILED: no request completed ({first_error(result)})", "fail", detail=counts)
     else:
@@ -605,7 +606,8 @@ def run(
         if isinstance(partial, BenchResult):
             _finish(reporter, partial)
         else:
-            reporter.finish("stopped" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}", "fail")
+            stopped = isinstance(exc, KeyboardInterrupt)
+            reporter.finish("stopped by the user" if stopped else f"failed: {exc}", "warn" if stopped else "fail")
         reporter.tick()
         if isinstance(exc, KeyboardInterrupt):
             after = f"after {_requests_ok(partial)}" if isinstance(partial, BenchResult) else "before it measured"
@@ -652,7 +654,7 @@ def sweep(
         run_sync(coro, what="sweep", progress=reporter)
     except KeyboardInterrupt:
         after = runs_after(runs, _planned(concurrencies, repeats))
-        reporter.finish(f"stopped by the user {after}", "fail", detail=_ok_detail(runs))
+        reporter.finish(f"stopped by the user {after}", "warn", detail=_ok_detail(runs))
         reporter.tick()
         what = f"sweep {label}".strip() + f" at c={_shown_levels(concurrencies)}"
         raise Interrupted(what, BenchRuns(runs), after=after, elapsed_s=reporter.elapsed_s) from None
