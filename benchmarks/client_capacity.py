@@ -283,7 +283,7 @@ def _errors(records: dict[str, Any], measured: dict[str, tuple[float, list[float
 def _dsv4lab(url: str, n: int, out: int, *, text: bool) -> tuple[Any, tuple[tuple[float, float], ...]]:
     from sglang_peer import CpuSampler
 
-    from dsv4lab.bench import ClientOptions, LoadSpec, random_workload, run
+    from dsv4lab.bench import ClientOptions, LoadSpec, ServerContext, random_workload, run
 
     wl = random_workload(n, 16, out, seed=1)
     sampler = CpuSampler(os.getpid())
@@ -293,8 +293,7 @@ def _dsv4lab(url: str, n: int, out: int, *, text: bool) -> tuple[Any, tuple[tupl
         LoadSpec(concurrency=STREAMS, warmup=1),
         ClientOptions(model="capacity-test", record_text=text, request_timeout_s=300),
         progress=False,
-        info={},
-        gpus=(),
+        server=ServerContext(info={}, gpus=()),
     )
     return result, sampler.stop()
 

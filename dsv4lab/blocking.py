@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from dsv4lab.errors import Interrupted
+from dsv4lab.progress import Progress
 
-__all__ = ["CANCEL_WAIT_S", "run_blocking"]
+__all__ = ["CANCEL_WAIT_S", "run_blocking", "stoppable"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: How long an interrupted call waits for its coroutine to wind down and hand back a partial result.
 CANCEL_WAIT_S = 1.0
@@ -100,3 +104,60 @@ def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
     if pending:
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+class _Decorator(Protocol):
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, T]], /) -> Callable[P, T]: ...
+
+
+def stoppable(
+    *,
+    title: Callable[[inspect.BoundArguments], str],
+    done: Callable[[Progress, Any], None],
+    stopped: Callable[[Progress, Any, inspect.BoundArguments], Interrupted],
+) -> _Decorator:
+    """The blocking form of a coroutine function, with the same signature (one signature per operation).
+
+    The coroutine takes ``progress: bool | Progress``; the blocking form draws a progress line from the
+    caller's thread (a worker's updates are drawn at its ticks, so they land in the right notebook cell), runs
+    the coroutine with :func:`run_blocking`, and finishes the line with ``done(progress, result)``. On the
+    user's Stop the coroutine hands back what it made so far (its return value after the cancellation), and
+    ``stopped(progress, partial, arguments)`` turns that into the :class:`Interrupted` to raise. A progress
+    passed in by the caller is the caller's to finish. ``title`` names the call from its bound arguments.
+    """
+
+    def decorate(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def blocking_form(*args: P.args, **kwargs: P.kwargs) -> T:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments.get("progress", True)
+            own = not isinstance(given, Progress)
+            reporter = given if isinstance(given, Progress) else Progress(title(bound), enabled=bool(given))
+            bound.arguments["progress"] = reporter
+            try:
+                result = run_blocking(fn(*bound.args, **bound.kwargs), what=title(bound), on_tick=reporter.tick)
+            except Interrupted as exc:
+                raise stopped(reporter, exc.partial, bound) from None
+            except BaseException as exc:
+                if own:
+                    reporter.finish(f"failed: {exc}", "fail")
+                    reporter.tick()
+                raise
+            if own:
+                done(reporter, result)
+                reporter.tick()
+            return result
+
+        blocking_form.__doc__ = (
+            f"Blocking form of :func:`{fn.__name__}` (the same arguments; works in a notebook cell): Stop gives "
+            "control back within about a second and raises :class:`~dsv4lab.errors.Interrupted` carrying what "
+            f"was measured.\n\n{inspect.getdoc(fn) or ''}"
+        )
+        blocking_form.__name__ = fn.__name__.removesuffix("_async")
+        blocking_form.__qualname__ = blocking_form.__name__
+        return blocking_form
+
+    return decorate

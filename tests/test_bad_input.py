@@ -54,7 +54,7 @@ INPUTS: dict[str, str | bytes] = {
     ),
     "campaign-later.toml": (
         '[campaign]\nname = "x"\n[[step]]\nid = "d"\nnotebook = "04_config_b_fixed"\n'
-        'inputs = { d_run_dir = "fix.run_dir" }\n[[step]]\nid = "fix"\nnotebook = "03_mtp_oom_diagnosis"\n'
+        'inputs = { diagnosis_run_dir = "fix.run_dir" }\n[[step]]\nid = "fix"\nnotebook = "03_mtp_oom_diagnosis"\n'
     ),
     "campaign-nonotebook.toml": '[campaign]\nname = "x"\n[[step]]\nid = "a"\nnotebook = "99_nope"\n',
     "campaign-badname.toml": '[campaign]\nname = "../escape"\n[[step]]\nnotebook = "01_config_a_baseline"\n',
@@ -327,8 +327,8 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
     ("run: fix", ["run", "04", "-p", "fix", "cuda_graph_max_bs=0"], "parameter fix", "an integer >= 1"),
     (
         "run: earlier run dir",
-        ["run", "03", "-p", "b_run_dir", "nowhere"],
-        "parameter b_run_dir",
+        ["run", "03", "-p", "crash_run_dir", "nowhere"],
+        "parameter crash_run_dir",
         "the run dir of the earlier step",
     ),
     ("run: timeout 0", ["run", "01", "--timeout", "0"], "--timeout=0", "a positive number of seconds"),
@@ -612,9 +612,9 @@ def test_trust_host_key_on_the_command_line_records_the_key_before_the_run(
     assert [p["status"] for p in sweep["points"]] == ["skipped", "skipped"]
 
 
-# -- lab.compare: every argument checked before a server starts ------------------------------------------------------
+# -- lab.launch_ab: every argument checked before a server starts ------------------------------------------------------
 
-#: (keyword arguments of lab.compare, the field the ConfigError names, its value as typed, what it allows)
+#: (keyword arguments of lab.launch_ab, the field the ConfigError names, its value as typed, what it allows)
 COMPARE_ROWS: dict[str, tuple[dict[str, Any], str, Any, str]] = {
     "unknown second preset": ({"b": "config_bb"}, "b", "config_bb", "did you mean 'config_b'"),
     "unknown first preset": (
@@ -625,7 +625,7 @@ COMPARE_ROWS: dict[str, tuple[dict[str, Any], str, Any, str]] = {
     ),
     "levels where b goes": ({"b": [16], "cuda_graph_max_bs": 8}, "b", [16], "levels go in concurrency="),
     "the same config twice": ({"b": "config_a"}, "b", "config_a", "a config that differs from A (config_a)"),
-    "A with nothing changed": ({}, "b", "config_a", "give B a change, e.g. lab.compare('config_a', cuda_graph"),
+    "A with nothing changed": ({}, "b", "config_a", "give B a change, e.g. lab.launch_ab('config_a', cuda_graph"),
     "a change that is no change": ({"tp": 8}, "b", "config_a+tp=8", "differs from A"),
     "only the port changed": ({"port": 31555}, "b", "config_a+port=31555", "differs from A"),
     "an override of the wrong type": ({"cuda_graph_max_bs": "lots"}, "cuda_graph_max_bs", "lots", "an integer"),
@@ -669,7 +669,7 @@ def test_compare_refuses_bad_input_before_a_server_starts(workdir: Path, name: s
     procs = _children()
     lab = Lab(run_root=workdir / "runs", time_scale=0.02, progress=False)
     with lab, pytest.raises(ConfigError) as info:
-        lab.compare(**{"a": "config_a", **kwargs})
+        lab.launch_ab(**{"a": "config_a", **kwargs})
     assert info.value.field == field and info.value.value == value and allows in info.value.allowed, str(info.value)
     assert lab.servers == [] and not (workdir / "runs").exists(), "a server was launched, or its folder made"
     assert _children() <= procs, "a process was started"

@@ -18,6 +18,7 @@ import pytest
 from dsv4lab.bench import BenchResult, ClientOptions, LoadSpec, random_workload, run_async
 from dsv4lab.bench.client import API, TTFTClock
 from dsv4lab.bench.metrics import RequestRecord
+from dsv4lab.bench.results import ServerContext
 from tests.test_bench_fakeserver import FakeServer, ServerBehaviour, fake_server
 
 SETUP_DELAY_S = 0.08
@@ -71,7 +72,7 @@ async def _through_relay(clock: TTFTClock, n: int = 4) -> tuple[BenchResult, int
             LoadSpec(concurrency=1, warmup=1),  # the warmup opens (and pays for) the one keep-alive connection
             ClientOptions(ttft_clock=clock, model="fake-model", request_timeout_s=20),  # no /v1/models lookup
             progress=False,
-            info={},
+            server=ServerContext(info={}),
         )
     finally:
         await relay.stop()

@@ -20,6 +20,7 @@ from dsv4lab.bench import (
     run_async,
     sweep_async,
 )
+from dsv4lab.bench.results import ServerContext
 from tests.test_bench_fakeserver import ServerBehaviour, fake_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +116,11 @@ def test_dead_before_start_is_partial_with_nothing_sent() -> None:
         url = server.url
         await server.stop()
         return await run_async(
-            url, random_workload(5, 8, 4), LoadSpec(concurrency=2, warmup=1), progress=False, info={}, gpus=()
+            url,
+            random_workload(5, 8, 4),
+            LoadSpec(concurrency=2, warmup=1),
+            progress=False,
+            server=ServerContext(info={}, gpus=()),
         )
 
     t0 = time.perf_counter()

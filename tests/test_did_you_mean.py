@@ -63,7 +63,7 @@ def test_the_message_names_the_guess_and_every_allowed_name() -> None:
 
 CAMPAIGN_TYPO = (
     '[campaign]\nname = "x"\n[[step]]\nid = "fix"\nnotebook = "03_mtp_oom_diagnosis"\n'
-    '[[step]]\nid = "d"\nnotebook = "04_config_b_fixed"\ninputs = { d_run_dir = "fxi.run_dir" }\n'
+    '[[step]]\nid = "d"\nnotebook = "04_config_b_fixed"\ninputs = { diagnosis_run_dir = "fxi.run_dir" }\n'
 )
 
 CLI_ROWS: list[tuple[str, list[str], str]] = [

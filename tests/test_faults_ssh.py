@@ -186,7 +186,9 @@ def test_a_drop_during_a_benchmark_and_gpu_sampling_costs_only_the_requests_in_f
         assert s.state == "READY" and s.is_alive()
         # Kept: the run in the store; GPU samples from before and after the drop (the sampler reconnected).
         assert len((s.local_dir / "bench" / "bench_results.jsonl").read_text().splitlines()) == 1
-        wait_for(lambda: lab._samplers[id(s)].reconnects >= 1, "the GPU sampler reconnecting", 30)
+        wait_for(
+            lambda: s.gpu_sampler is not None and s.gpu_sampler.reconnects >= 1, "the GPU sampler reconnecting", 30
+        )
         wait_for(lambda: len(s.gpu_memory()) > sampled_before + 20, "samples after the drop", 30)
         again = s.bench(concurrency=[2], prompts=2, input_len=64, output_len=8)
         assert not again.partial

@@ -176,9 +176,9 @@ def test_a_failing_cell_and_a_kernel_restart_leave_no_server(tmp_path: Path) -> 
 
 
 def test_stop_during_a_comparison_keeps_the_runs_and_stops_both_servers(kernel: Kernel, tmp_path: Path) -> None:
-    # lab.compare launches both configs for the A/B and interleaves A, B, A, B on the twin.
+    # lab.launch_ab launches both configs for the A/B and interleaves A, B, A, B on the twin.
     cell = kernel.submit(
-        'ab = lab.compare("config_a", "config_b_fixed", [4], repeats=3, prompts=8, input_len=256, output_len=300)'
+        'ab = lab.launch_ab("config_a", "config_b_fixed", [4], repeats=3, prompts=8, input_len=256, output_len=300)'
     )
     stores = tmp_path / "runs"
     deadline = time.monotonic() + 180

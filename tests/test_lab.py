@@ -184,7 +184,7 @@ def test_compare_a_against_a_with_a_change_in_its_natural_forms(lab: Lab) -> Non
     """``compare("config_a", cuda_graph_max_bs=8)`` and ``compare("config_a", "config_a", [4], b_overrides=...)``:
     A and A-with-the-change, both launched, benchmarked, named by what differs, and stopped after."""
     load: dict[str, Any] = {"repeats": 1, "prompts": 4, "input_len": 256, "output_len": 16}
-    runs = lab.compare("config_a", concurrency=[4], cuda_graph_max_bs=8, **load)
+    runs = lab.launch_ab("config_a", concurrency=[4], cuda_graph_max_bs=8, **load)
     assert (runs.label_a, runs.label_b) == ("config_a", "config_a+cuda_graph_max_bs=8")
     assert len(runs.a) == len(runs.b) == 1 and not runs.partial
     assert {r.label for r in runs.a} == {"config_a"} and {r.label for r in runs.b} == {"config_a+cuda_graph_max_bs=8"}
@@ -193,9 +193,9 @@ def test_compare_a_against_a_with_a_change_in_its_natural_forms(lab: Lab) -> Non
     assert a.config.replace(cuda_graph_max_bs=8, port=b.port) == b.config  # the change, and nothing else
     assert (a.name, b.name) == ("config-a", "config-a-cuda-graph-max-bs-8")
     assert a.stopped is not None and b.stopped is not None
-    again = lab.compare("config_a", "config_a", [4], b_overrides={"env.NCCL_PROTO": "Simple"}, **load)
+    again = lab.launch_ab("config_a", "config_a", [4], b_overrides={"env.NCCL_PROTO": "Simple"}, **load)
     assert again.label_b == "config_a+env.NCCL_PROTO=Simple" and len(again.b) == 1
-    named = lab.compare("config_a", "config_b_fixed", 4, names=("A", "B fixed"), **load)
+    named = lab.launch_ab("config_a", "config_b_fixed", 4, names=("A", "B fixed"), **load)
     assert (named.label_a, named.label_b) == ("A", "B fixed") and lab.servers[-1].name == "B-fixed"
     assert all(s.stopped is not None for s in lab.servers)
 

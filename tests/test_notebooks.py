@@ -315,7 +315,7 @@ def test_make_demo_is_the_campaign_and_prints_its_index_last(campaign: Campaign)
 def test_one_notebook_from_the_installed_copy(campaign: Campaign, tmp_path: Path) -> None:
     b_dir = campaign.figures["b"]["server_dir"]
     out = _cli(
-        ["run", "03_mtp_oom_diagnosis", "-p", "b_run_dir", b_dir, "--reports", str(tmp_path)],
+        ["run", "03_mtp_oom_diagnosis", "-p", "crash_run_dir", b_dir, "--reports", str(tmp_path)],
         env=campaign.env,
         cwd=campaign.workdir,
     )
@@ -367,7 +367,7 @@ def test_the_campaign_runs_against_a_host_over_ssh(sshd: Any, tmp_path: Path) ->
         '[campaign]\nname = "over-ssh"\n\n[parameters]\nhost = "gpubox"\ntarget = "twin"\n'
         f'time_scale = {TEST_SCALE}\npython = "{sys.executable}"\n\n'
         '[[step]]\nid = "b"\nnotebook = "02_config_b_mtp_launch"\n\n'
-        '[[step]]\nid = "diagnosis"\nnotebook = "03_mtp_oom_diagnosis"\ninputs = { b_run_dir = "b.server_dir" }\n'
+        '[[step]]\nid = "diagnosis"\nnotebook = "03_mtp_oom_diagnosis"\ninputs = { crash_run_dir = "b.server_dir" }\n'
     )
     env = {**os.environ, "HOME": str(home)}
     out = _cli(["campaign", str(spec), "--reports", str(tmp_path / "reports")], env=env, timeout=600)

@@ -101,7 +101,7 @@ def test_every_error_has_an_exit_code_and_connection_failures_are_not_usage_erro
 
 
 #: Functions whose ``**`` catch config-field overrides by name (validated by name, not passed through).
-_OVERRIDES = {"Lab.launch", "Lab.config", "Lab.preflight", "Lab.suggest", "Lab.compare"}
+_OVERRIDES = {"Lab.launch", "Lab.config", "Lab.preflight", "Lab.suggest", "Lab.launch_ab"}
 
 
 def test_the_notebook_api_has_explicit_keywords() -> None:

@@ -25,7 +25,7 @@ from dsv4lab import Lab
 from dsv4lab.config.presets import config_b_fixed
 from dsv4lab.config.server_config import ServerConfig, diff, field_help, field_names, load
 from dsv4lab.config.versions import resolve_release
-from dsv4lab.notebook.experiment import parse_overrides
+from dsv4lab.notebook.experiment import overrides_text, parse_overrides
 from dsv4lab.notebook.nbrun import IOPUB_TIMEOUT_S
 from dsv4lab.notebook.widgets import ConfigPanel, FieldControl, build_controls, field_specs
 from dsv4lab.notebook.widgets import reproduce as ex
@@ -317,12 +317,12 @@ def test_save_toml_and_the_real_host_launch_script(tmp_path: Path) -> None:
 def test_experiment_parameters_are_the_preset_plus_the_diff() -> None:
     tweaked = config_b_fixed().replace(cuda_graph_max_bs=None, mem_fraction_static=0.55, env={"A": "x y"})
     changes = diff(config_b_fixed(), tweaked)
-    text = ex.overrides_text(changes)
+    text = overrides_text(changes)
     assert text == "mem_fraction_static=0.55 cuda_graph_max_bs=none env.NCCL_PROTO=none env.NCCL_ALGO=none 'env.A=x y'"
     assert config_b_fixed().with_overrides(parse_overrides(text)) == tweaked  # what the experiment runner reads
     graphs = diff(config_b_fixed(), config_b_fixed().replace(cuda_graph_bs=(1, 2, 4, 8)))
-    assert ex.overrides_text(graphs) == "'cuda_graph_bs=1 2 4 8'"
-    assert config_b_fixed().with_overrides(parse_overrides(ex.overrides_text(graphs))).cuda_graph_bs == (1, 2, 4, 8)
+    assert overrides_text(graphs) == "'cuda_graph_bs=1 2 4 8'"
+    assert config_b_fixed().with_overrides(parse_overrides(overrides_text(graphs))).cuda_graph_bs == (1, 2, 4, 8)
     params = ex.experiment_parameters(
         preset="config_b_fixed",
         changes=changes,

@@ -31,7 +31,7 @@ from dsv4lab.bench.ab import ABRuns, ab_schedule, run_ab, run_ab_async
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.metrics import SLO, Distribution, RequestRecord, Summary, summarize
 from dsv4lab.bench.remote import parse_jsonl, parse_stdout, run_remote
-from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance
+from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, ServerContext
 from dsv4lab.bench.runner import run, run_async, sweep, sweep_async
 from dsv4lab.bench.sglang_format import bench_serving_record, serving_block
 from dsv4lab.bench.stats import ABComparison, ABLevel, compare, t_quantile, verdict_for, welch
@@ -62,6 +62,7 @@ __all__ = [
     "RequestRecord",
     "RequestSpec",
     "ResultStore",
+    "ServerContext",
     "Summary",
     "Workload",
     "ab_schedule",

@@ -10,18 +10,20 @@ again, and pass both lists to :func:`~dsv4lab.bench.stats.compare`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.results import BenchResult, BenchRuns
-from dsv4lab.bench.runner import run_async, run_sync, runs_after
+from dsv4lab.bench.runner import run_async, runs_after
 from dsv4lab.bench.stats import MIN_REPEATS, ABComparison, compare
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, Workload, parse_levels
+from dsv4lab.blocking import stoppable
 from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.progress import Progress
@@ -183,42 +185,23 @@ def _finish(reporter: Progress, runs: ABRuns) -> None:
         reporter.finish(f"done: {plural(len(runs.a) + len(runs.b), 'run')}", "ok")
 
 
-def run_ab(
-    url_a: str,
-    url_b: str,
-    workload: Workload | Callable[[int], Workload],
-    concurrencies: Sequence[int] | int | str,
-    *,
-    repeats: int = MIN_REPEATS,
-    interleave: bool = True,
-    load: LoadSpec | None = None,
-    options: ClientOptions | None = None,
-    label_a: str = "A",
-    label_b: str = "B",
-    progress: bool = True,
-    on_server_death: Callable[[], object] | None = None,
-    store: ResultStore | str | None = None,
-) -> ABRuns:
-    """Blocking :func:`run_ab_async` (works in a notebook cell too); Stop keeps the runs made so far on
-    :class:`~dsv4lab.errors.Interrupted`'s ``partial``."""
-    reporter = Progress(f"A/B {label_b} vs {label_a}", enabled=progress)
-    collected: dict[Arm, list[BenchResult]] = {"A": [], "B": []}
-    arms = _Arms(url_a, url_b, label_a, label_b)
-    coro = _ab_into(
-        collected, arms, workload, concurrencies, repeats, interleave, load, options, reporter, on_server_death, store
-    )
-    try:
-        run_sync(coro, what="A/B benchmark", progress=reporter)
-    except KeyboardInterrupt:
-        partial = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)
-        # A run cut by the Stop is the last one made (at most one is cut: the A/B stops after it).
-        made = sorted([*partial.a, *partial.b], key=lambda r: r.partial)
-        after = runs_after(made, _planned(concurrencies, repeats, interleave))
-        reporter.finish(f"stopped by the user {after}", "warn")
-        reporter.tick()
-        what = f"A/B benchmark {label_b} vs {label_a}"
-        raise Interrupted(what, partial, after=after, elapsed_s=reporter.elapsed_s) from None
-    out = ABRuns(tuple(collected["A"]), tuple(collected["B"]), label_a, label_b)
-    _finish(reporter, out)
+def _ab_title(call: inspect.BoundArguments) -> str:
+    return f"A/B {call.arguments['label_b']} vs {call.arguments['label_a']}"
+
+
+def _ab_stopped(reporter: Progress, partial: Any, call: inspect.BoundArguments) -> Interrupted:
+    a = call.arguments
+    if not isinstance(partial, ABRuns):
+        partial = ABRuns((), (), a["label_a"], a["label_b"])
+    # A run cut by the Stop is the last one made (at most one is cut: the A/B stops after it).
+    made = sorted([*partial.a, *partial.b], key=lambda r: r.partial)
+    after = runs_after(made, _planned(a["concurrencies"], a["repeats"], a["interleave"]))
+    reporter.finish(f"stopped by the user {after}", "warn")
     reporter.tick()
-    return out
+    what = f"A/B benchmark {a['label_b']} vs {a['label_a']}"
+    return Interrupted(what, partial, after=after, elapsed_s=reporter.elapsed_s)
+
+
+#: :func:`run_ab_async` as a blocking call; Stop keeps the runs made so far (an :class:`ABRuns` on
+#: :class:`~dsv4lab.errors.Interrupted`'s ``partial``).
+run_ab = stoppable(title=_ab_title, done=_finish, stopped=_ab_stopped)(run_ab_async)

@@ -35,6 +35,7 @@ from dsv4lab.bench.metrics import Distribution, Summary
 from dsv4lab.bench.results import REQUEST_COLUMNS, BenchResult, Provenance
 from dsv4lab.bench.serverinfo import engine_of, gpu_names
 from dsv4lab.bench.workload import LoadSpec, Workload
+from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.config.versions import resolve_release
 from dsv4lab.errors import Interrupted, RemoteBenchError
 from dsv4lab.hosts import CommandResult, Host
@@ -370,7 +371,7 @@ def run_remote(
     timeout_s: float = 3600.0,
     repeat: int = 0,
     label: str = "",
-    config: Any = None,
+    config: ServerConfig | None = None,
 ) -> BenchResult:
     """Run SGLang's benchmark on ``host`` against ``base_url`` (as the host sees it, e.g.
     ``http://127.0.0.1:30000``) and return its result. ``timeout_s`` bounds the whole run."""
@@ -431,7 +432,7 @@ def run_remote(
             "argv": argv,
             "output_file": output_file,
         },
-        config=to_jsonable(config.to_dict() if hasattr(config, "to_dict") else config),
+        config=to_jsonable(config.to_dict()) if config is not None else None,
         server_info=to_jsonable(info or {}),
     )
     return remote_result(

@@ -22,11 +22,21 @@ import pandas as pd
 
 from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
+from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.counts import plural
+from dsv4lab.hosts import Host
 from dsv4lab.resources import __version__
 from dsv4lab.units import TWIN_CLOCK, Clock, fmt_ms, fmt_s, fmt_tok_s
 
-__all__ = ["BenchResult", "BenchRuns", "Provenance", "client_version", "records_frame", "to_jsonable"]
+__all__ = [
+    "BenchResult",
+    "BenchRuns",
+    "Provenance",
+    "ServerContext",
+    "client_version",
+    "records_frame",
+    "to_jsonable",
+]
 
 #: Columns of the per-request table, in order.
 REQUEST_COLUMNS = (
@@ -89,6 +99,17 @@ def records_frame(records: Sequence[RequestRecord], *, itl_unit: str = "chunk") 
     if any(r.text is not None for r in records):  # only with ClientOptions(record_text=True)
         frame["text"] = [r.text for r in records]
     return frame
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What the caller knows of the server a benchmark measures: the host it runs on and the config it was
+    launched with (for the result's provenance), and its ``/server_info`` and GPU names (to skip asking)."""
+
+    host: Host | None = None
+    config: ServerConfig | None = None
+    info: Mapping[str, Any] | None = None
+    gpus: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)

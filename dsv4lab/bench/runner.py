@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import inspect
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -31,7 +32,7 @@ from dsv4lab.bench.client import ClientOptions, SessionRequest, prepare, prepare
 from dsv4lab.bench.death import DEATH_ERRORS, DEATH_WINDOW_S, PROBE_TIMEOUT_S, DeathWatch
 from dsv4lab.bench.httpstream import ConnectionPool, Endpoint
 from dsv4lab.bench.metrics import SLO, RequestRecord, summarize
-from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, records_frame
+from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, ServerContext, records_frame
 from dsv4lab.bench.serverinfo import (
     discover_model,
     engine_of,
@@ -44,10 +45,9 @@ from dsv4lab.bench.serverinfo import (
 )
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
-from dsv4lab.blocking import run_blocking
+from dsv4lab.blocking import run_blocking, stoppable
 from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
-from dsv4lab.hosts import Host
 from dsv4lab.progress import Progress, State
 from dsv4lab.units import fmt_tok_s
 
@@ -230,10 +230,7 @@ async def run_async(
     progress: bool | Progress = True,
     on_server_death: Callable[[], object] | None = None,
     diagnosis_timeout_s: float = 60.0,
-    host: Host | None = None,
-    config: Any = None,
-    info: Mapping[str, Any] | None = None,
-    gpus: Sequence[str] | None = None,
+    server: ServerContext | None = None,
     store: ResultStore | str | None = None,
     info_timeout_s: float = 10.0,
     profile: bool = False,
@@ -241,8 +238,8 @@ async def run_async(
 ) -> BenchResult:
     """Benchmark ``workload`` against the server at ``url`` (e.g. ``http://127.0.0.1:30000``).
 
-    ``host`` (the server's :class:`~dsv4lab.hosts.Host`) and ``config`` (its ServerConfig) only feed
-    provenance; ``info``/``gpus`` skip the lookups when the caller already has them. With ``store`` the
+    ``server`` is what the caller knows of the server (its host and config for the provenance; its
+    ``/server_info`` and GPU names to skip those lookups): see :class:`ServerContext`. With ``store`` the
     result is appended to that run directory's result store. ``progress`` is a bool or a
     :class:`~dsv4lab.progress.Progress` to report into (a sweep shares one). Cancelling the task (the
     user's Stop) returns the partial result instead of raising. ``profile`` runs the server's torch
@@ -257,6 +254,8 @@ async def run_async(
     desc = f"{label + ' ' if label else ''}c={load.concurrency if load.concurrency is not None else 'inf'}"
     own_progress = not isinstance(progress, Progress)
     reporter = progress if isinstance(progress, Progress) else Progress(f"bench {desc}", enabled=progress)
+    server = server or ServerContext()
+    host, config, info, gpus = server.host, server.config, server.info, server.gpus
     ask_info = info is None
     if info is None:
         info = await server_info(base, timeout_s=info_timeout_s, headers=headers)
@@ -266,7 +265,7 @@ async def run_async(
     if gpus is None:
         gpus = await asyncio.to_thread(gpu_names, host) if host is not None else ()
     engine, version = engine_of(dict(info))
-    config_dict = config.to_dict() if hasattr(config, "to_dict") else config
+    config_dict = config.to_dict() if config is not None else None
     provenance = Provenance(
         url=base,
         backend="dsv4lab",
@@ -432,8 +431,7 @@ async def sweep_async(
     label: str = "",
     progress: bool | Progress = True,
     on_server_death: Callable[[], object] | None = None,
-    host: Host | None = None,
-    config: Any = None,
+    server: ServerContext | None = None,
     store: ResultStore | str | None = None,
     profile: bool = False,
     profile_output_dir: str | None = None,
@@ -448,8 +446,7 @@ async def sweep_async(
     options_kw = {
         "slo": slo,
         "on_server_death": on_server_death,
-        "host": host,
-        "config": config,
+        "server": server,
         "store": store,
         "profile": profile,
         "profile_output_dir": profile_output_dir,
@@ -554,110 +551,40 @@ def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "benchmark", progress:
     return run_blocking(coro, what=what, on_tick=progress.tick if progress is not None else None)
 
 
-def run(
-    url: str,
-    workload: Workload,
-    load: LoadSpec | None = None,
-    options: ClientOptions | None = None,
-    *,
-    slo: SLO | None = None,
-    label: str = "",
-    repeat: int = 0,
-    progress: bool = True,
-    on_server_death: Callable[[], object] | None = None,
-    diagnosis_timeout_s: float = 60.0,
-    host: Host | None = None,
-    config: Any = None,
-    info: Mapping[str, Any] | None = None,
-    gpus: Sequence[str] | None = None,
-    store: ResultStore | str | None = None,
-    info_timeout_s: float = 10.0,
-    profile: bool = False,
-    profile_output_dir: str | None = None,
-) -> BenchResult:
-    """Blocking :func:`run_async` (works in a notebook cell too). Stop returns control within about a
-    second: in-flight streams are cut and :class:`~dsv4lab.errors.Interrupted` carries the partial result."""
-    desc = f"{label + ' ' if label else ''}c={(load or LoadSpec()).concurrency or 'inf'}"
-    reporter = Progress(f"bench {desc}", enabled=progress)
-    coro = run_async(
-        url,
-        workload,
-        load,
-        options,
-        slo=slo,
-        label=label,
-        repeat=repeat,
-        progress=reporter,
-        on_server_death=on_server_death,
-        diagnosis_timeout_s=diagnosis_timeout_s,
-        host=host,
-        config=config,
-        info=info,
-        gpus=gpus,
-        store=store,
-        info_timeout_s=info_timeout_s,
-        profile=profile,
-        profile_output_dir=profile_output_dir,
-    )
-    try:
-        result = run_sync(coro, what="benchmark", progress=reporter)
-    except BaseException as exc:
-        partial = getattr(exc, "partial", None)
-        if isinstance(partial, BenchResult):
-            _finish(reporter, partial)
-        else:
-            stopped = isinstance(exc, KeyboardInterrupt)
-            reporter.finish("stopped by the user" if stopped else f"failed: {exc}", "warn" if stopped else "fail")
-        reporter.tick()
-        if isinstance(exc, KeyboardInterrupt):
-            after = f"after {_requests_ok(partial)}" if isinstance(partial, BenchResult) else "before it measured"
-            raise Interrupted(f"benchmark {desc}", partial, after=after, elapsed_s=reporter.elapsed_s) from None
-        raise
-    _finish(reporter, result)
-    reporter.tick()
-    return result
+def _run_title(call: inspect.BoundArguments) -> str:
+    load, label = call.arguments["load"] or LoadSpec(), call.arguments["label"]
+    return f"bench {label + ' ' if label else ''}c={load.concurrency or 'inf'}"
 
 
-def sweep(
-    url: str,
-    workload: Workload | Callable[[int], Workload] | Callable[[int | None], Workload],
-    concurrencies: Sequence[int | None] | int | str | None,
-    *,
-    repeats: int = 1,
-    load: LoadSpec | None = None,
-    options: ClientOptions | None = None,
-    slo: SLO | None = None,
-    label: str = "",
-    progress: bool = True,
-    on_server_death: Callable[[], object] | None = None,
-    host: Host | None = None,
-    config: Any = None,
-    store: ResultStore | str | None = None,
-    profile: bool = False,
-    profile_output_dir: str | None = None,
-) -> BenchRuns:
-    """Blocking :func:`sweep_async`; Stop keeps the finished runs and the partial one (on
-    :class:`~dsv4lab.errors.Interrupted`'s ``partial``, a :class:`BenchRuns`)."""
-    reporter = Progress(f"sweep {label}".strip(), enabled=progress)
-    runs: list[BenchResult] = []
-    run_kw = {
-        "slo": slo,
-        "on_server_death": on_server_death,
-        "host": host,
-        "config": config,
-        "store": store,
-        "profile": profile,
-        "profile_output_dir": profile_output_dir,
-    }
-    coro = _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, run_kw)
-    try:
-        run_sync(coro, what="sweep", progress=reporter)
-    except KeyboardInterrupt:
-        after = runs_after(runs, _planned(concurrencies, repeats))
-        reporter.finish(f"stopped by the user {after}", "warn", detail=_ok_detail(runs))
-        reporter.tick()
-        what = f"sweep {label}".strip() + f" at c={_shown_levels(concurrencies)}"
-        raise Interrupted(what, BenchRuns(runs), after=after, elapsed_s=reporter.elapsed_s) from None
-    _finish_sweep(reporter, runs)
+def _run_stopped(reporter: Progress, partial: Any, call: inspect.BoundArguments) -> Interrupted:
+    if isinstance(partial, BenchResult):
+        _finish(reporter, partial)
+    else:
+        reporter.finish("stopped by the user", "warn")
     reporter.tick()
-    return BenchRuns(runs)
+    after = f"after {_requests_ok(partial)}" if isinstance(partial, BenchResult) else "before it measured"
+    what = "benchmark " + _run_title(call).removeprefix("bench ")
+    return Interrupted(what, partial, after=after, elapsed_s=reporter.elapsed_s)
+
+
+#: :func:`run_async` as a blocking call (one signature: see :func:`dsv4lab.blocking.stoppable`).
+run = stoppable(title=_run_title, done=_finish, stopped=_run_stopped)(run_async)
+
+
+def _sweep_title(call: inspect.BoundArguments) -> str:
+    return f"sweep {call.arguments['label']}".strip()
+
+
+def _sweep_stopped(reporter: Progress, partial: Any, call: inspect.BoundArguments) -> Interrupted:
+    runs = list(partial) if isinstance(partial, BenchRuns) else []
+    a = call.arguments
+    after = runs_after(runs, _planned(a["concurrencies"], a["repeats"]))
+    reporter.finish(f"stopped by the user {after}", "warn", detail=_ok_detail(runs))
+    reporter.tick()
+    what = f"{_sweep_title(call)} at c={_shown_levels(a['concurrencies'])}"
+    return Interrupted(what, BenchRuns(runs), after=after, elapsed_s=reporter.elapsed_s)
+
+
+#: :func:`sweep_async` as a blocking call; Stop keeps the finished runs and the partial one (a
+#: :class:`BenchRuns` on :class:`~dsv4lab.errors.Interrupted`'s ``partial``).
+sweep = stoppable(title=_sweep_title, done=_finish_sweep, stopped=_sweep_stopped)(sweep_async)

@@ -28,9 +28,10 @@ from dsv4lab.bench.results import BenchResult
 from dsv4lab.errors import BenchError, unknown_name_message
 from dsv4lab.units import Clock
 
-__all__ = ["ABComparison", "ABLevel", "Verdict", "compare", "metric_value", "t_quantile", "verdict_for", "welch"]
+__all__ = ["ABComparison", "ABLevel", "ABVerdict", "compare", "metric_value", "t_quantile", "verdict_for", "welch"]
 
-Verdict = Literal["better", "worse", "no detectable difference"]
+#: What an A/B concludes about B against A (the readiness verdict is :class:`dsv4lab.serving.watch.Verdict`).
+ABVerdict = Literal["better", "worse", "no detectable difference"]
 
 #: Metrics where lower is better; anything else (throughputs, goodput) is higher-is-better.
 _LOWER_IS_BETTER_PREFIXES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "duration_s")
@@ -144,7 +145,7 @@ def welch(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95) -
     return WelchResult(diff, se, df, t_crit, diff - t_crit * se, diff + t_crit * se)
 
 
-def verdict_for(ci_low: float, ci_high: float, *, higher_is_better: bool) -> Verdict:
+def verdict_for(ci_low: float, ci_high: float, *, higher_is_better: bool) -> ABVerdict:
     """The verdict an interval for B − A supports; touching zero is not a difference."""
     if ci_low > 0.0:
         return "better" if higher_is_better else "worse"
@@ -189,7 +190,7 @@ class ABLevel:
     ci_low: float
     ci_high: float
     df: float
-    verdict: Verdict
+    verdict: ABVerdict
 
     @property
     def rel_diff(self) -> float:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4lab.bench.httpstream import Endpoint
-from dsv4lab.bench.results import BenchResult, BenchRuns
+from dsv4lab.bench.results import BenchResult, BenchRuns, ServerContext
 from dsv4lab.bench.runner import control_headers, first_error, run_sync, sweep_async
 from dsv4lab.bench.serverinfo import wait_until_ready
 from dsv4lab.bench.sglang_format import append_jsonl, bench_serving_record, serving_block
@@ -190,8 +190,7 @@ def _bench(args: argparse.Namespace) -> int:
             label=args.label,
             progress=not args.no_progress and fmt == "table",
             on_server_death=target.on_death if target.handle is not None else None,
-            host=target.host,
-            config=target.handle.config if target.handle is not None else None,
+            server=ServerContext(host=target.host, config=target.handle.config if target.handle is not None else None),
             store=args.results_dir,
             profile=args.profile,
             profile_output_dir=args.profile_output_dir,

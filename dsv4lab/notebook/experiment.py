@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab.atomicfile import to_jsonable, write_json_atomic
-from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.config.server_config import ConfigDiff, ServerConfig
 from dsv4lab.errors import ConfigError, UnknownNameError
 from dsv4lab.notebook.lab import Lab
 
@@ -30,6 +30,7 @@ __all__ = [
     "Experiment",
     "check_experiment_parameters",
     "md",
+    "overrides_text",
     "parse_overrides",
     "read_results",
     "write_json_atomic",
@@ -160,15 +161,17 @@ class Experiment:
             raise ConfigError(f"parameter {name}", value, "the run dir of the earlier step (with its results.json)")
         return path.resolve()
 
-    def fix(self, d_run_dir: str = "", fix: str = "") -> dict[str, str]:
+    def fix(self, diagnosis_run_dir: str = "", fix: str = "") -> dict[str, str]:
         """The fix chosen in 03 (its ``results.json``), not retyped; or ``fix`` as field=value pairs; or none
         (a sweep sets the knobs through ``overrides`` instead)."""
-        if d_run_dir:
-            figures = read_results(self.earlier("d_run_dir", d_run_dir)).get("figures", {})
+        if diagnosis_run_dir:
+            figures = read_results(self.earlier("diagnosis_run_dir", diagnosis_run_dir)).get("figures", {})
             chosen = figures.get("chosen_fix_overrides")
             if not isinstance(chosen, str) or not chosen:
                 raise ConfigError(
-                    "parameter d_run_dir", d_run_dir, "the run dir of 03 (it records chosen_fix_overrides)"
+                    "parameter diagnosis_run_dir",
+                    diagnosis_run_dir,
+                    "the run dir of 03 (it records chosen_fix_overrides)",
                 )
             return parse_overrides(chosen)
         return parse_overrides(fix)
@@ -268,13 +271,33 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
 
 
 def _check_run_dirs(exp: Experiment, params: Mapping[str, Any], where: str) -> None:
-    """Run dirs of earlier steps (``b_run_dir``, ``d_run_dir``) must exist and hold their results."""
+    """Run dirs of earlier steps (``crash_run_dir``, ``diagnosis_run_dir``) must exist and hold their results."""
     for name, value in params.items():
         if name.endswith("_run_dir") and isinstance(value, str) and value:
             try:
                 exp.earlier(name, value)
             except ConfigError as exc:
                 raise ConfigError(f"parameter {name}{where}", value, exc.allowed) from None
+
+
+def _override_value(value: Any) -> str:
+    """A value as ``parse_overrides`` reads it back: ``none``, ``true``/``false``, a list as space-separated
+    words (the runner reads commas as separators between pairs)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def overrides_text(changes: Mapping[str, Any] | ConfigDiff) -> str:
+    """Config changes (``{"mem_fraction_static": 0.6}``, or a :class:`~dsv4lab.config.ConfigDiff`'s new values)
+    as the ``overrides`` parameter's ``field=value`` words, each shell-quoted where it needs it: the inverse of
+    :func:`parse_overrides`, and the one formatter every notebook, panel and campaign uses."""
+    pairs = changes.items() if isinstance(changes, Mapping) else ((c.field, c.after) for c in changes)
+    return " ".join(shlex.quote(f"{field}={_override_value(value)}") for field, value in pairs)
 
 
 def parse_overrides(text: str, *, name: str = "overrides") -> dict[str, str]:

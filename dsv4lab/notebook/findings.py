@@ -23,7 +23,7 @@ from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError
 from dsv4lab.logs import Diagnosis
 from dsv4lab.model.memory import DEFAULT_MARGIN_GIB, Preflight, preflight, suggest
-from dsv4lab.notebook.experiment import read_results
+from dsv4lab.notebook.experiment import overrides_text, read_results
 from dsv4lab.tables import Table, table
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "gap_figures",
     "graph_table",
     "mtp_bounds",
-    "overrides_text",
     "server_dir",
     "throughput_figures",
 ]
@@ -185,11 +184,6 @@ def candidates_frame(candidates: Sequence[FixCandidate]) -> Table:
         for c in candidates
     ]
     return table(rows, title="candidate fixes, each checked by the memory model")
-
-
-def overrides_text(overrides: Mapping[str, str]) -> str:
-    """``{"mem_fraction_static": "0.60"}`` as ``"mem_fraction_static=0.60"`` (the notebooks' overrides form)."""
-    return " ".join(f"{k}={v}" for k, v in overrides.items())
 
 
 def graph_table(*preflights: tuple[str, Preflight]) -> Table:

@@ -404,7 +404,7 @@ class Lab:
         checked before the first request: two different servers, two different labels, the load."""
         for arm, server in (("a", a), ("b", b)):
             if not isinstance(server, Server):
-                raise ConfigError(arm, server, "a server from lab.launch(...) (lab.compare takes configs)")
+                raise ConfigError(arm, server, "a server from lab.launch(...) (lab.launch_ab takes configs)")
         if a is b or (a.run_dir == b.run_dir and a.handle.host.name == b.handle.host.name):
             raise ConfigError(
                 "b", b.name, f"a server other than a ({a.name}): one server against itself measures nothing"
@@ -447,7 +447,7 @@ class Lab:
         a.runs, b.runs = a.runs + runs.a, b.runs + runs.b
         return runs
 
-    def compare(
+    def launch_ab(
         self,
         a: ServerConfig | str,
         b: ServerConfig | str | None = None,
@@ -465,10 +465,13 @@ class Lab:
         timeout_s: float = 900.0,
         **changes: Any,
     ) -> bench.ABRuns:
-        """A/B of two configs, each launched for it and stopped after.
+        """Launch two configs and A/B them: each server is started for the comparison and stopped after.
 
-        The arms read as the question: ``compare("config_a", "config_b_fixed")`` two configs;
-        ``compare("config_a", cuda_graph_max_bs=8)`` (or ``compare("config_a", "config_a",
+        (``lab.ab`` compares two servers that are already up; ``ABRuns.compare()`` and
+        :func:`dsv4lab.bench.compare` compute the statistics.)
+
+        The arms read as the question: ``launch_ab("config_a", "config_b_fixed")`` two configs;
+        ``launch_ab("config_a", cuda_graph_max_bs=8)`` (or ``launch_ab("config_a", "config_a",
         cuda_graph_max_bs=8)``) A against A with that change — keyword field overrides change B, the arm
         under test; ``b_overrides``/``a_overrides`` take them as a mapping (``{"speculative.num_steps": 2}``).
         ``names`` label the arms; by default the presets' names, B's with its changes
@@ -661,7 +664,7 @@ def _compare_plan(
             "b",
             typed[1],
             f"a config that differs from A ({typed[0]}): the same config twice measures only noise; give B a "
-            f"change, e.g. lab.compare({label_a!r}, cuda_graph_max_bs=8), or another config",
+            f"change, e.g. lab.launch_ab({label_a!r}, cuda_graph_max_bs=8), or another config",
             detail="the port is no difference: each server gets its own" if changed else "",
         )
     if names is None:
@@ -671,7 +674,7 @@ def _compare_plan(
     return cfg_a, cfg_b, chosen
 
 
-#: lab.compare's own keywords: a keyword that is neither one of these nor a config field is a typo of either.
+#: lab.launch_ab's own keywords: a keyword that is neither one of these nor a config field is a typo of either.
 _COMPARE_KEYWORDS = (
     "names, a_overrides, b_overrides, repeats, prompts, input_len, output_len, seed, together, timeout_s, concurrency"
 )
@@ -688,7 +691,7 @@ def _check_change_names(changes: Mapping[str, Any]) -> None:
             raise ConfigError(
                 key,
                 value,
-                f"a config field to change in B ({', '.join(field_names())}, env.NAME) or one of compare's "
+                f"a config field to change in B ({', '.join(field_names())}, env.NAME) or one of launch_ab's "
                 f"keywords ({_COMPARE_KEYWORDS})",
             )
 

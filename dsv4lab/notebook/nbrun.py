@@ -1,6 +1,6 @@
 """Run one experiment notebook headlessly: checked parameters in, a run dir with a report out.
 
-``run_notebook("03_mtp_oom_diagnosis", {"b_run_dir": ...})`` checks every parameter against the
+``run_notebook("03_mtp_oom_diagnosis", {"crash_run_dir": ...})`` checks every parameter against the
 notebook's ``parameters`` cell *before* a kernel starts (an unknown name or a wrong type is one clear
 error), makes a new ``reports/<timestamp>-<name>/`` (nothing is ever overwritten), writes
 ``params.json`` and ``env.json``, executes the notebook with papermill in that directory (the run dir is

@@ -165,6 +165,12 @@ class Server:
     def is_alive(self) -> bool:
         return self.handle.is_alive()
 
+    @property
+    def gpu_sampler(self) -> GpuSampler | None:
+        """The sampler taking this server's GPU memory now (None once stopped, or if it never started)."""
+        with self._sampler_lock:
+            return self._sampler
+
     def stop_sampling(self) -> None:
         """Stop sampling this server's GPUs and keep the samples (its memory timeline ends here); idempotent,
         and safe from another thread (a timer stops it a moment after a death)."""
@@ -220,8 +226,7 @@ class Server:
                 label=label or self.name,
                 progress=self.progress,
                 on_server_death=self._death_note,
-                host=self.handle.host,
-                config=self.config,
+                server=bench.ServerContext(host=self.handle.host, config=self.config),
                 store=store,
             )
         except Interrupted as exc:

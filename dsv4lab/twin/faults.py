@@ -42,8 +42,7 @@ def parse_fault(text: str | None) -> Fault | None:
     name, _, raw = text.strip().partition(":")
     name = name.strip().lower().replace("-", "_")
     if name not in FAULTS:
-        unknown = UnknownNameError("twin fault", name, FAULTS, field="DSV4LAB_TWIN_FAULT", also="NAME:VALUE of one")
-        raise unknown.within("DSV4LAB_TWIN_FAULT: ", field="DSV4LAB_TWIN_FAULT")
+        raise UnknownNameError("twin fault", name, FAULTS, field="DSV4LAB_TWIN_FAULT", also="NAME:VALUE of one")
     if raw.strip():
         try:
             value = float(raw)

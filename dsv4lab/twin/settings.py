@@ -67,7 +67,7 @@ class TwinSettings:
         return cls(
             hardware=hw,
             time_scale=scale,
-            fault=parse_fault(env.get("DSV4LAB_TWIN_FAULT")),
+            fault=_fault(env.get("DSV4LAB_TWIN_FAULT")),
             seed=seed,
             release=release,
             kernel_config_dir=Path(kdir).expanduser() if kdir else None,
@@ -76,3 +76,11 @@ class TwinSettings:
 
     def fault_named(self, name: str) -> Fault | None:
         return self.fault if self.fault is not None and self.fault.name == name else None
+
+
+def _fault(text: str | None) -> Fault | None:
+    """The twin's fault from its environment; a bad one is refused naming the variable it came from."""
+    try:
+        return parse_fault(text)
+    except ConfigError as exc:
+        raise exc.within("DSV4LAB_TWIN_FAULT: ", field="DSV4LAB_TWIN_FAULT") from None

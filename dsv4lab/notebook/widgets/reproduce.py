@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import html
 import os
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from dsv4lab import htmlview as hv
 from dsv4lab.config.presets import PRESETS
 from dsv4lab.config.server_config import ConfigDiff
+from dsv4lab.notebook.experiment import overrides_text
 
 __all__ = [
     "declared_parameters",
@@ -28,28 +28,11 @@ __all__ = [
     "experiment_notebooks",
     "experiment_parameters",
     "matching_notebook",
-    "overrides_text",
     "run_experiment",
 ]
 
 #: Experiment notebooks are numbered steps: ``01_config_a_baseline.ipynb`` ... (``lab.ipynb`` is not one).
 EXPERIMENT_GLOB = "[0-9][0-9]_*.ipynb"
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return " ".join(str(v) for v in value)  # the runner reads commas as separators between pairs
-    return str(value)
-
-
-def overrides_text(changes: ConfigDiff) -> str:
-    """The diff as ``field=value`` words (each shell-quoted when it needs it, a list as ``'f=1 2 4'``), in
-    field order: what :func:`dsv4lab.notebook.experiment.parse_overrides` reads back."""
-    return " ".join(shlex.quote(f"{c.field}={_text(c.after)}") for c in changes)
 
 
 def experiment_notebooks(folder: str | Path) -> list[Path]:
