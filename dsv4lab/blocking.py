@@ -121,7 +121,8 @@ def stoppable(
     The coroutine takes ``progress: bool | Progress``; the blocking form draws a progress line from the
     caller's thread (a worker's updates are drawn at its ticks, so they land in the right notebook cell), runs
     the coroutine with :func:`run_blocking`, and finishes the line with ``done(progress, result)``. On the
-    user's Stop the coroutine hands back what it made so far (its return value after the cancellation), and
+    user's Stop the coroutine hands back what it made so far (its return value after the cancellation, or
+    what it kept on ``progress.kept`` as it went when it is slow to wind down), and
     ``stopped(progress, partial, arguments)`` turns that into the :class:`Interrupted` to raise. A progress
     passed in by the caller is the caller's to finish. ``title`` names the call from its bound arguments.
     """
@@ -140,7 +141,10 @@ def stoppable(
             try:
                 result = run_blocking(fn(*bound.args, **bound.kwargs), what=title(bound), on_tick=reporter.tick)
             except Interrupted as exc:
-                raise stopped(reporter, exc.partial, bound) from None
+                # The coroutine's own partial result (with the run the Stop cut) when it wound down in time,
+                # else what it had kept on its progress as it went (the finished runs).
+                partial = exc.partial if exc.partial is not None else reporter.kept
+                raise stopped(reporter, partial, bound) from None
             except BaseException as exc:
                 if own:
                     reporter.finish(f"failed: {exc}", "fail")

@@ -79,6 +79,9 @@ class Progress:
         self._owner = threading.get_ident()
         self._dirty = False
         self._forced = False
+        #: What the call this line reports on has made so far (finished runs of a sweep or an A/B), kept here
+        #: as it is made so that a Stop hands it back even when the cancelled work is slow to wind down.
+        self.kept: Any = None
 
     # -- public ------------------------------------------------------------------------------------------
 

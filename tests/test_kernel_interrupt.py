@@ -183,7 +183,13 @@ def test_stop_during_a_comparison_keeps_the_runs_and_stops_both_servers(kernel: 
     stores = tmp_path / "runs"
     deadline = time.monotonic() + 180
     while not any(p.read_text().strip() for p in stores.glob("ab-*/bench_results.jsonl")):
-        assert time.monotonic() < deadline, "the comparison never finished a run"
+        if time.monotonic() > deadline:  # say what the cell did instead (an error it raised, its output)
+            kernel.interrupt()
+            r = kernel.collect(cell, timeout_s=60)
+            raise AssertionError(
+                f"the comparison never finished a run: {r.status} {r.ename}: {r.evalue}\n"
+                f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n{r.traceback}"
+            )
         time.sleep(0.1)
     result = _press_stop(kernel, cell)
     assert result.traceback[0].startswith("Stopped by the user: comparison config_b_fixed vs config_a, after "), (

@@ -167,6 +167,7 @@ async def _ab_into(
             store=store,
         )
         runs[arm].append(result)
+        reporter.kept = ABRuns(tuple(runs["A"]), tuple(runs["B"]), arms.label_a, arms.label_b)
         if result.partial:
             return
 

@@ -482,6 +482,7 @@ async def _sweep_into(
             load_c = dataclasses.replace(load or LoadSpec(), concurrency=level)
             result = await run_async(url, wl, load_c, options, label=label, repeat=r, progress=reporter, **run_kw)
             runs.append(result)
+            reporter.kept = BenchRuns(runs)
             if result.partial:
                 return
 
