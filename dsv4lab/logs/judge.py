@@ -363,15 +363,15 @@ def _free_total(
 ) -> tuple[float | None, float | None]:
     if oom is not None:
         return oom.free_gib, oom.total_gib
+    m = VLLM_KV_SPACE.search(root.message)
+    if m:
+        return float(m.group(1)), float(m.group(2))
     if kind is ErrorKind.KV_BUDGET:
         return post, None
     if kind is ErrorKind.FREE_MEMORY:
         m = VLLM_FREE_ON_START.search(root.message)
         if m:
             return float(m.group(1)), float(m.group(2))
-    m = VLLM_KV_SPACE.search(root.message)
-    if m:
-        return float(m.group(1)), float(m.group(2))
     return None, None
 
 
