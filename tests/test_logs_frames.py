@@ -199,6 +199,9 @@ def test_vllm_drafter_inside_the_capture_pass_is_the_drafts() -> None:
     assert (d.outcome, d.phase) == (Outcome.CRASH, Phase.DRAFT_CUDA_GRAPH_CAPTURE)
     helper = frame_step(("gpu_model_runner.py:capture_model", "spec_decode/utils.py:prepare_inputs"))
     assert helper is not None and helper.phase is Phase.CUDA_GRAPH_CAPTURE
+    oom = diagnose([*tb[:-1], f"{V1} torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB."])
+    assert (oom.outcome, oom.phase) == (Outcome.OOM, Phase.DRAFT_CUDA_GRAPH_CAPTURE)
+    assert '"enforce_eager": true' in oom.fixes[0].change  # the drafter's own switch, not the target's
 
 
 def test_draft_capture_line_and_its_progress() -> None:

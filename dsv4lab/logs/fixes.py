@@ -270,9 +270,9 @@ def _memory_fixes(
         fixes.append(_raise_fraction(m, message, engine))
         return fixes
     # A CUDA allocation failed.
-    if phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE and not vllm:
-        return _draft_capture_fixes(m, oom)
-    if phase in (Phase.CUDA_GRAPH_CAPTURE, Phase.DRAFT_CUDA_GRAPH_CAPTURE):
+    if phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE:
+        return _vllm_draft_capture_fixes(m) if vllm else _draft_capture_fixes(m, oom)
+    if phase is Phase.CUDA_GRAPH_CAPTURE:
         if vllm:
             cur = m.fraction
             new = max(0.5, _floor_to((cur or 0.9) - 0.05, 0.01))
@@ -293,7 +293,7 @@ def _memory_fixes(
             return fixes
         fixes.append(_lower_fraction(m, oom))
         fixes.append(_lower_graph_bs(m))
-        if phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE or m.spec_draft_tokens:
+        if m.spec_draft_tokens:  # target verify graphs are sized by batch x draft tokens too
             steps = m.spec_steps
             fixes.append(
                 Fix(
@@ -382,6 +382,28 @@ def _draft_capture_fixes(m: MemoryFacts, oom: OomFigures | None) -> list[Fix]:
         )
     )
     return fixes
+
+
+def _vllm_draft_capture_fixes(m: MemoryFacts) -> list[Fix]:
+    """vLLM captures the drafter inside the target's capture pass; SpeculativeConfig's own ``enforce_eager``
+    runs the drafter without graphs while the target keeps its, and fewer speculative tokens shrink it."""
+    cur = m.fraction
+    new = max(0.5, _floor_to((cur or 0.9) - 0.05, 0.01))
+    return [
+        Fix(
+            "--speculative-config '{..., \"enforce_eager\": true}'",
+            "Runs the drafter eagerly (no draft CUDA graphs) while the target keeps its graphs.",
+        ),
+        Fix(
+            "--speculative-config '{..., \"num_speculative_tokens\": <fewer>}'",
+            "The drafter's graphs are sized by batch × speculative tokens; fewer tokens shrink them.",
+        ),
+        Fix(
+            f"--gpu-memory-utilization {new:.2f}",
+            "vLLM sizes the KV cache from an estimate of graph memory; a lower cap leaves the capture more room"
+            f"{' (now ' + format(cur, '.2f') + ')' if cur else ''}.",
+        ),
+    ]
 
 
 _CRASH_FIXES: dict[ErrorKind, tuple[tuple[str, str], ...]] = {
