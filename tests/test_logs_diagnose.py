@@ -147,8 +147,16 @@ def test_ready_line_and_serving() -> None:
         "#running-req: 0, #queue-req: 0, ",
         "[2026-03-02 09:01:44] The server is fired up and ready to roll!",
     ]
+    # Up with no request served after the ready line (the prefill above is the warmup request): warmup.
     d = diagnose(lines)
-    assert (d.outcome, d.phase) == (Outcome.READY, Phase.SERVING)
+    assert (d.outcome, d.phase, d.confidence) == (Outcome.READY, Phase.WARMUP, 0.9) and "no request" in d.cause
+    access = '[2026-03-02 09:01:45] INFO:     127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    probe = '[2026-03-02 09:01:45] INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK'
+    assert diagnose([*lines, probe]).phase is Phase.WARMUP  # a health probe is no traffic
+    served = diagnose([*lines, probe, access])
+    assert (served.outcome, served.phase, served.confidence) == (Outcome.READY, Phase.SERVING, 0.98)
+    batch = "[2026-03-02 09:01:46 TP0] Decode batch, #running-req: 3, #token: 900, token usage: 0.01, #queue-req: 0"
+    assert diagnose([*lines, batch]).phase is Phase.SERVING
     d2 = diagnose(lines[:-2])
     assert (d2.outcome, d2.phase) == (Outcome.READY, Phase.WARMUP)
     d3 = diagnose(lines[:-3])

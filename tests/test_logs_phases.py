@@ -147,7 +147,16 @@ def test_vllm_v1_clean_startup_is_ready() -> None:
             "(APIServer pid=1) INFO 12-31 14:55:25 [launcher.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000",
         ]
     )
-    assert (d2.outcome, d2.phase, d2.confidence) == (Outcome.READY, Phase.SERVING, 0.98)
+    # Up, no request yet: warmup; vLLM's uvicorn access lines carry no prefix.
+    assert (d2.outcome, d2.phase, d2.confidence) == (Outcome.READY, Phase.WARMUP, 0.9)
+    d3 = diagnose(
+        [
+            *lines,
+            "(APIServer pid=1) INFO 12-31 14:55:25 [launcher.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000",
+            'INFO:     127.0.0.1:40112 - "POST /v1/completions HTTP/1.1" 200 OK',
+        ]
+    )
+    assert (d3.outcome, d3.phase, d3.confidence) == (Outcome.READY, Phase.SERVING, 0.98)
 
 
 def test_vllm_step_lines_move_the_phase() -> None:

@@ -2,10 +2,12 @@
 
 The corpus is ``tests/data/logs/corpus/``: real excerpts from public GitHub threads, each with a label file
 written from what the thread says. ``split`` says how a case was used: ``dev`` cases were read while the
-rules were written; ``heldout`` and ``heldout2`` cases were collected and labelled only after the rules
-were frozen (two rounds; commits named in the README), so their figures at those commits are the honest
-generalisation estimate. The ten shared cases
-(``../shared/logs``) are scored as their own group.
+rules were written; ``heldout``, ``heldout2`` and ``heldout3`` cases were collected and labelled only after
+the rules were frozen (three rounds; commits named in the README), so their figures at those commits are
+the honest generalisation estimate. Two more labelled sets are scored the same way: ``live``, whole logs of
+a real vLLM 0.32 on CPU (``tests/data/logs/vllm_live/``: a clean start and five failures), and ``twin``, the
+twin run once per fault it supports (``tests/data/logs/twin_faults/``, made by ``tools/twin_fault_logs.py``).
+The ten shared cases (``../shared/logs``) are scored as their own group.
 
 Scoring, per case, only for what the label states (``null`` = the thread does not say):
 
@@ -18,6 +20,7 @@ Scoring, per case, only for what the label states (``null`` = the thread does no
     .venv/bin/python tools/diagnosis_accuracy.py             # the table (README "Diagnosis accuracy")
     .venv/bin/python tools/diagnosis_accuracy.py --cases     # plus one line per case
     .venv/bin/python tools/diagnosis_accuracy.py --rules-at <git-rev>   # score the rules of a commit
+    .venv/bin/python tools/diagnosis_accuracy.py --before <git-rev>     # frozen rules before, then the tree's
 """
 
 from __future__ import annotations
@@ -36,7 +39,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "logs" / "corpus"
+LIVE = ROOT / "tests" / "data" / "logs" / "vllm_live"
+TWIN = ROOT / "tests" / "data" / "logs" / "twin_faults"
 SHARED = ROOT.parent / "shared" / "logs"
+#: Scored groups in table order; the held-out rounds were labelled before the rules that score them.
+GROUPS = ("dev", "heldout", "heldout2", "heldout3", "live", "twin", "shared")
+HELDOUT = ("heldout", "heldout2", "heldout3")
 CONFIDENT = 0.5
 BINS = ((0.0, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01))
 
@@ -87,10 +95,11 @@ class Score:
         return self.outcome_right is not False and self.phase_right is not False
 
 
-def load_cases(corpus: Path = CORPUS, shared: Path | None = SHARED) -> list[Case]:
-    """Every labelled log of the corpus (and of the shared set, when present)."""
+def load_cases(corpus: Path = CORPUS, shared: Path | None = SHARED, extra: Sequence[Path] = (LIVE, TWIN)) -> list[Case]:
+    """Every labelled log of the corpus and of the ``extra`` sets (and of the shared set, when present)."""
     cases: list[Case] = []
-    for label in sorted(corpus.glob("*.json")):
+    labels = [p for folder in (corpus, *extra) if folder.is_dir() for p in sorted(folder.glob("*.json"))]
+    for label in labels:
         data: dict[str, Any] = json.loads(label.read_text(encoding="utf-8"))
         cases.append(
             Case(
@@ -172,20 +181,22 @@ def _frac(flags: Iterable[bool | None]) -> str:
 
 
 def table(scores: Sequence[Score], groups: Sequence[str]) -> str:
-    """The accuracy table, one row per group plus ``all``."""
+    """The accuracy table, one row per group, the held-out rounds together, plus ``all``."""
     head = (
         f"| {'cases':<9} | {'n':>3} | {'outcome (decisive line present)':<31} | {'outcome incl. honest cut-offs':<29} "
-        f"| {'phase':<13} | {'GPU':<9} | {'confident wrong':<15} |"
+        f"| {'phase':<13} | {'GPU':<12} | {'confident wrong':<15} |"
     )
     rows = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
-    for group in (*groups, "all"):
-        sel = [s for s in scores if group == "all" or s.case.group == group]
+    held = [g for g in groups if g in HELDOUT]
+    for group in (*groups, *(["held-out"] if len(held) > 1 else []), "all"):
+        members = held if group == "held-out" else [group]
+        sel = [s for s in scores if group == "all" or s.case.group in members]
         if not sel:
             continue
         decisive = [s.outcome_right for s in sel if s.case.decisive is not False]
         rows.append(
             f"| {group:<9} | {len(sel):>3} | {_frac(decisive):<31} | {_frac(s.outcome_ok for s in sel):<29} "
-            f"| {_frac(s.phase_right for s in sel):<13} | {_frac(s.gpu_right for s in sel):<9} "
+            f"| {_frac(s.phase_right for s in sel):<13} | {_frac(s.gpu_right for s in sel):<12} "
             f"| {sum(s.confident_wrong for s in sel):<15} |"
         )
     return "\n".join(rows)
@@ -228,18 +239,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cases", action="store_true", help="also print one line per case")
     ap.add_argument("--rules-at", metavar="REV", help="score the dsv4lab.logs rules of this git revision")
     ap.add_argument("--emit-json", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--before", metavar="REV", help="first the table with the rules of this revision, then with --rules-at's"
+    )
     ns = ap.parse_args(argv)
     cases = load_cases()
     if ns.emit_json:
         answers = diagnose_cases(cases)
         print(json.dumps({k: [a.outcome, a.phase, a.gpu, a.confidence, a.cause] for k, a in answers.items()}))
         return 0
+    groups = [g for g in GROUPS if any(c.group == g for c in cases)]
+    threads = len({c.source for c in cases if c.group not in ("live", "twin")})
+    kept = len([c for c in cases if c.group not in ("live", "twin")])
+    print(
+        f"Diagnosis accuracy on {kept} real excerpts from {threads} threads, {sum(c.group == 'live' for c in cases)} "
+        f"live vLLM logs and {sum(c.group == 'twin' for c in cases)} twin logs\n"
+    )
+    if ns.before:
+        before = diagnose_at(ns.before, cases)
+        print(f"Before: rules at {ns.before}\n")
+        print(table([score(c, before[c.name]) for c in cases if c.name in before], groups))
+        print()
     answers = diagnose_at(ns.rules_at, cases) if ns.rules_at else diagnose_cases(cases)
     scores = [score(c, answers[c.name]) for c in cases if c.name in answers]
-    groups = [g for g in ("dev", "heldout", "heldout2", "shared") if any(c.group == g for c in cases)]
     rules = f"rules at {ns.rules_at}" if ns.rules_at else "rules in the working tree"
-    threads = len({c.source for c in cases})
-    print(f"Diagnosis accuracy on {len(scores)} real logs from {threads} threads ({rules})\n")
+    print(f"{'After: ' if ns.before else ''}{rules}\n")
     print(table(scores, groups))
     print()
     print(calibration(scores))

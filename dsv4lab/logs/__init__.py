@@ -15,6 +15,7 @@ from dsv4lab.logs.errors import LogError
 from dsv4lab.logs.events import (
     Capacity,
     DecodeBatch,
+    DeviceMap,
     DistInit,
     Engine,
     ErrorEvent,
@@ -46,6 +47,7 @@ from dsv4lab.logs.source import iter_lines
 __all__ = [
     "Capacity",
     "DecodeBatch",
+    "DeviceMap",
     "Diagnosis",
     "DistInit",
     "Engine",

@@ -44,9 +44,14 @@ _RULES: tuple[tuple[ErrorKind, tuple[str, ...]], ...] = (
             "larger than the maximum number of tokens that can be stored in KV cache",
             "To serve at least one request with the model",
             "max_running_request is zero",
+            # vLLM's CPU worker, determine_available_memory: the KV budget asked for exceeds what the NUMA
+            # node (the CPU backend's device memory) has available.
+            "on kv cache allocation is less than requested memory for kv",
         ),
     ),
-    (ErrorKind.FREE_MEMORY, ("less than desired GPU memory utilization",)),
+    # vLLM's startup check of free device memory against the utilization share (GPU worker, and the CPU
+    # worker, where --gpu-memory-utilization is the share of the node's RAM).
+    (ErrorKind.FREE_MEMORY, ("less than desired GPU memory utilization", "less than desired CPU memory utilization")),
     (ErrorKind.KV_EXHAUSTED, ("Prefill out of memory", "Decode out of memory", "alloc_req_slots runs out of memory")),
     (
         ErrorKind.ARCH,
@@ -272,9 +277,9 @@ def oom_figures(text: str) -> OomFigures | None:
     m = OOM.search(text)
     if not m:
         return None
-    if m.group("tried_old"):
+    if m.group("gpu_old"):
         return OomFigures(
-            tried_gib=to_gib(m.group("tried_old")),
+            tried_gib=to_gib(m.group("tried")),
             gpu=int(m.group("gpu_old")),
             total_gib=to_gib(m.group("total_old")),
             free_gib=to_gib(m.group("free_old")),

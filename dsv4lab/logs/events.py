@@ -25,6 +25,7 @@ __all__ = [
     "Capacity",
     "DecodeBatch",
     "DecodeStats",
+    "DeviceMap",
     "DistInit",
     "Engine",
     "ErrorEvent",
@@ -431,3 +432,11 @@ class RunEnd(Event):
     """The engine says it is exiting on purpose or after a failure was handled (``include_parent=False``)."""
 
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceMap(Event):
+    """A ``CUDA_VISIBLE_DEVICES`` (or HIP / ROCR) assignment the log shows: the physical GPUs the process sees,
+    in order, so a device index in a message (``GPU 0``, ``cuda:0``) maps to ``visible[index]``."""
+
+    visible: tuple[int, ...]

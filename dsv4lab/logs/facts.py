@@ -30,7 +30,7 @@ def memory_facts(run: RunState, rank: int | None, engine: Engine | None, oom: Oo
     fraction: float | None = None
     from_log = False
     max_bs = run.max_bs_seen
-    tp = context = steps = drafts = None
+    tp = context = steps = drafts = topk = None
     kv_dtype = None
     if args is not None:
         key = "gpu_memory_utilization" if engine is Engine.VLLM else "mem_fraction_static"
@@ -50,6 +50,8 @@ def memory_facts(run: RunState, rank: int | None, engine: Engine | None, oom: Oo
         steps = s if isinstance(s, int) else None
         d = args.get("speculative_num_draft_tokens")
         drafts = d if isinstance(d, int) else None
+        k = args.get("speculative_eagle_topk")
+        topk = k if isinstance(k, int) else None
         kd = args.get("kv_cache_dtype")
         kv_dtype = kd if isinstance(kd, str) else None
     if fraction is None and engine is Engine.VLLM and run.vllm_util is not None:
@@ -87,6 +89,7 @@ def memory_facts(run: RunState, rank: int | None, engine: Engine | None, oom: Oo
         kv_dtype=kv_dtype,
         spec_steps=steps,
         spec_draft_tokens=drafts,
+        spec_topk=topk,
         new_flags=run.new_style,
         total=total,
     )

@@ -17,6 +17,7 @@ from typing import Any
 from dsv4lab.counts import plural
 from dsv4lab.logs.events import Engine, ErrorKind, OomFigures, Phase
 from dsv4lab.logs.patterns import VLLM_FREE_ON_START as _FREE_ON_START
+from dsv4lab.logs.patterns import VLLM_KV_SPACE as _KV_SPACE
 
 __all__ = ["Fix", "MemoryFacts", "fixes_for"]
 
@@ -56,6 +57,7 @@ class MemoryFacts:
     kv_dtype: str | None = None
     spec_steps: int | None = None
     spec_draft_tokens: int | None = None
+    spec_topk: int | None = None
     new_flags: bool = False  # 0.5.16+ spelling (--cuda-graph-max-bs-decode)
     total: float | None = None  # card capacity when the log states it
 
@@ -201,6 +203,24 @@ def _memory_fixes(
 ) -> list[Fix]:
     fixes: list[Fix] = []
     vllm = engine is Engine.VLLM
+    space = _KV_SPACE.search(message) if kind is ErrorKind.KV_BUDGET else None
+    if space:
+        free, asked = float(space.group(1)), float(space.group(3))
+        fit = max(1, math.floor(free * 0.8))
+        fixes.append(
+            Fix(
+                f"VLLM_CPU_KVCACHE_SPACE={fit} (or --kv-cache-memory-bytes below {free:.0f} GiB)",
+                f"The KV space asked for ({asked:.1f} GiB) must fit in the {free:.2f} GiB the memory node has "
+                f"available; {fit} GiB leaves the rest for the model and activations.",
+            )
+        )
+        fixes.append(
+            Fix(
+                "free host RAM on the node (other processes, page cache held by containers)",
+                "vLLM measures the node's available memory (MemFree plus reclaimable) before sizing the cache.",
+            )
+        )
+        return fixes
     if kind is ErrorKind.KV_BUDGET:
         fixes.append(_raise_fraction(m, message, engine))
         ctx = f" ({m.context} tokens now)" if m.context else ""
@@ -250,7 +270,9 @@ def _memory_fixes(
         fixes.append(_raise_fraction(m, message, engine))
         return fixes
     # A CUDA allocation failed.
-    if phase in (Phase.CUDA_GRAPH_CAPTURE, Phase.DRAFT_CUDA_GRAPH_CAPTURE):
+    if phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE:
+        return _vllm_draft_capture_fixes(m) if vllm else _draft_capture_fixes(m, oom)
+    if phase is Phase.CUDA_GRAPH_CAPTURE:
         if vllm:
             cur = m.fraction
             new = max(0.5, _floor_to((cur or 0.9) - 0.05, 0.01))
@@ -271,7 +293,7 @@ def _memory_fixes(
             return fixes
         fixes.append(_lower_fraction(m, oom))
         fixes.append(_lower_graph_bs(m))
-        if phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE or m.spec_draft_tokens:
+        if m.spec_draft_tokens:  # target verify graphs are sized by batch x draft tokens too
             steps = m.spec_steps
             fixes.append(
                 Fix(
@@ -322,6 +344,66 @@ def _memory_fixes(
     )
     fixes.append(Fix("--max-running-requests <lower>" if not vllm else "--max-num-seqs <lower>", "Smaller batches."))
     return fixes
+
+
+def _draft_capture_fixes(m: MemoryFacts, oom: OomFigures | None) -> list[Fix]:
+    """A draft-graph OOM: the draft's own graph sizes first, then the batch sizes both share, then memory.
+
+    SGLang's EAGLE workers capture the draft decode graph (bs x topk tokens per step) only when
+    ``speculative_num_steps > 1``, and the draft-extend graph with bs x (steps + 1) tokens, for the same
+    batch sizes as the target's graphs; both live outside the static share, like the target's.
+    """
+    fixes: list[Fix] = []
+    steps = m.spec_steps
+    if steps is None or steps > 1:
+        new = max(1, steps - 1) if steps else None
+        fixes.append(
+            Fix(
+                f"--speculative-num-steps {new}" if new else "--speculative-num-steps <fewer>",
+                "The draft decode graph runs one draft forward per step and the draft-extend graph holds "
+                f"bs × (steps + 1) tokens{f' (steps = {steps} now)' if steps else ''}; fewer steps shrink both, and "
+                "with one step the draft decode graph is not captured at all. The target's graphs are unchanged.",
+            )
+        )
+    if m.spec_topk is not None and m.spec_topk > 1:
+        fixes.append(
+            Fix(
+                "--speculative-eagle-topk 1",
+                f"The draft decode graph holds bs × topk tokens (topk = {m.spec_topk} now); topk 1 makes it the "
+                "smallest.",
+            )
+        )
+    fixes.append(_lower_graph_bs(m))
+    fixes.append(_lower_fraction(m, oom))
+    fixes.append(
+        Fix(
+            "--cuda-graph-backend-decode=disabled" if m.new_flags else "--disable-cuda-graph",
+            "Last resort: no graphs for target or draft; decoding gets much slower.",
+        )
+    )
+    return fixes
+
+
+def _vllm_draft_capture_fixes(m: MemoryFacts) -> list[Fix]:
+    """vLLM captures the drafter inside the target's capture pass; SpeculativeConfig's own ``enforce_eager``
+    runs the drafter without graphs while the target keeps its, and fewer speculative tokens shrink it."""
+    cur = m.fraction
+    new = max(0.5, _floor_to((cur or 0.9) - 0.05, 0.01))
+    return [
+        Fix(
+            "--speculative-config '{..., \"enforce_eager\": true}'",
+            "Runs the drafter eagerly (no draft CUDA graphs) while the target keeps its graphs.",
+        ),
+        Fix(
+            "--speculative-config '{..., \"num_speculative_tokens\": <fewer>}'",
+            "The drafter's graphs are sized by batch × speculative tokens; fewer tokens shrink them.",
+        ),
+        Fix(
+            f"--gpu-memory-utilization {new:.2f}",
+            "vLLM sizes the KV cache from an estimate of graph memory; a lower cap leaves the capture more room"
+            f"{' (now ' + format(cur, '.2f') + ')' if cur else ''}.",
+        ),
+    ]
 
 
 _CRASH_FIXES: dict[ErrorKind, tuple[tuple[str, str], ...]] = {

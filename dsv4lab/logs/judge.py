@@ -18,12 +18,20 @@ from typing import Any
 
 from dsv4lab.counts import plural
 from dsv4lab.logs.causes import MEMORY_KINDS, MODEL_INIT_FRAMES, tier
+from dsv4lab.logs.devices import failing_gpu
 from dsv4lab.logs.events import Engine, ErrorEvent, ErrorKind, OomFigures, Phase
 from dsv4lab.logs.facts import memory_facts
 from dsv4lab.logs.fixes import fixes_for
-from dsv4lab.logs.patterns import METHOD, VLLM_FREE_ON_START
+from dsv4lab.logs.patterns import METHOD, VLLM_FREE_ON_START, VLLM_KV_SPACE
 from dsv4lab.logs.state import RunState
-from dsv4lab.logs.steps import allocates, frame_step, import_time, sglang_compile_guess
+from dsv4lab.logs.steps import (
+    allocates,
+    ambiguous_dummy_run,
+    entry_step,
+    frame_step,
+    import_time,
+    sglang_compile_guess,
+)
 from dsv4lab.logs.verdict import Diagnosis, Outcome, unknown
 from dsv4lab.logs.wording import cause_sentence, evidence_lines, where
 
@@ -146,7 +154,7 @@ def _read_phase(run: RunState, root: ErrorEvent, live: list[ErrorEvent]) -> _Pha
     if steps is not None and not steps.guessed:
         if steps.phase is Phase.SERVING and not run.ready_line and (run.api_up_line or run.capacity is not None):
             return _PhaseReading(Phase.WARMUP, 0.8, "the traceback frames (the warmup request)")
-        return _PhaseReading(steps.phase, 0.9, "the traceback frames")
+        return _PhaseReading(steps.phase, steps.strength, steps.source)
     for other in sorted(live, key=lambda e: (e.rank != root.rank, e.line_no)):
         if other is not root and other.frames:
             s = frame_step(other.frames)
@@ -157,6 +165,15 @@ def _read_phase(run: RunState, root: ErrorEvent, live: list[ErrorEvent]) -> _Pha
         s = frame_step((f"call:{m.group(1)}",)) if m else None
         if s is not None and not s.guessed:
             return _PhaseReading(s.phase, 0.85, "the worker method the error names")
+    vllm = root.engine is Engine.VLLM or run.engines == {Engine.VLLM}
+    if vllm and _kv_exists(run) and any(ambiguous_dummy_run(e.frames) for e in live):
+        # The profiling pass runs before the KV cache is sized; once the log shows the cache (or the
+        # captured graphs), a dummy run is the warm-up's.
+        return _PhaseReading(Phase.WARMUP, 0.8, "vLLM's dummy-run frames after the log's KV-cache lines (the warm-up)")
+    for other in sorted(live, key=lambda e: e is not root):
+        entry = entry_step(other.frames) if other.complete else None
+        if entry is not None:
+            return _PhaseReading(entry.phase, entry.strength, entry.source)
     state = own_phase or run.phase
     if kind is ErrorKind.PORT or (kind is ErrorKind.IMPORT and state is None):
         if state is not None:
@@ -179,6 +196,11 @@ def _read_phase(run: RunState, root: ErrorEvent, live: list[ErrorEvent]) -> _Pha
         # failures most often land (SGLang issue threads), so that is the best guess.
         return _PhaseReading(Phase.KV_CACHE_ALLOC, 0.4, "model-runner construction frames (a guess)")
     return _PhaseReading(None, _NO_PHASE, "nothing in the log")
+
+
+def _kv_exists(run: RunState) -> bool:
+    """The log shows the KV cache sized (or later steps: captured graphs, the engine's init line)."""
+    return run.kv_seen or run.graph_finished or run.graph_bar_done or run.engine_ready
 
 
 def _serving_frames(err: ErrorEvent) -> bool:
@@ -217,6 +239,16 @@ def _guess(run: RunState, root: ErrorEvent, phase: Phase | None) -> _OutcomeRead
     """The outcome when the error itself is not in the log: from the step, the code and the free memory."""
     if import_time(root.frames):
         return _OutcomeReading(Outcome.CRASH, 0.35, False, "it stopped while importing modules")
+    if phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE and not allocates(root.traceback):
+        # The draft's graphs are a fraction of the target's (one or a few draft layers, bs x topk or
+        # bs x (steps + 1) tokens) and are captured after the target's fitted: memory is no likelier than
+        # another failure there unless the log shows memory was short.
+        free, _ = _step_free(run, root.rank, phase)
+        if free is not None and free <= _LOW_FREE_GIB:
+            return _OutcomeReading(Outcome.OOM, 0.4, True, f"only {free:.2f} GiB was free when the step began")
+        return _OutcomeReading(
+            Outcome.CRASH, 0.3, False, "the draft's graphs are small, so memory is no likelier than another failure"
+        )
     if phase in _MEMORY_PHASES or allocates(root.traceback):
         free, pre = _step_free(run, root.rank, phase)
         if free is not None and (free <= _LOW_FREE_GIB or (pre and free <= 0.05 * pre)):
@@ -265,8 +297,17 @@ def _failed(
     out = _read_outcome(run, root, phase, oom, lines)
     kind = root.kind
     facts = memory_facts(run, root.rank, engine, oom)
+    gpu = None
+    if out.memory or kind is ErrorKind.CUDA:  # a failure of one device (not of the host, a peer or the launch)
+        ordered = [root, *(e for e in live if e is not root)]
+        gpu = failing_gpu(root.engine or engine, ordered, run.server_args, run.visible)
     if kind in (ErrorKind.UNKNOWN, ErrorKind.TEARDOWN):
-        if kind is ErrorKind.UNKNOWN:
+        if root.head == "argument parsing":
+            cause = (
+                "The decisive line is not in the log: the command-line parser printed its usage, which it does "
+                "when it rejects the launch command, and the error line after it is cut off"
+            )
+        elif kind is ErrorKind.UNKNOWN:
             cause = f"The decisive line is not in the log: a traceback during {where(phase)} is cut off before its "
             cause += "exception line"
         else:
@@ -282,7 +323,7 @@ def _failed(
         if phase in _MEMORY_PHASES:
             notes.append("Look in the failing rank's own output (stderr, other nodes) for the first error.")
     else:
-        cause = cause_sentence(root, kind, phase, oom, facts)
+        cause = cause_sentence(root, kind, phase, oom, facts, gpu)
         kind_for_fix = kind
         if out.guess:
             cause = cause[:-1] + (
@@ -303,7 +344,7 @@ def _failed(
         phase=phase,
         cause=cause,
         confidence=round(max(0.05, min(confidence, 0.99)), 2),
-        gpu=oom.gpu if oom else None,
+        gpu=gpu,
         rank=root.rank,
         tried_to_allocate_gib=oom.tried_gib if oom else None,
         free_gib=free,
@@ -322,6 +363,9 @@ def _free_total(
 ) -> tuple[float | None, float | None]:
     if oom is not None:
         return oom.free_gib, oom.total_gib
+    m = VLLM_KV_SPACE.search(root.message)
+    if m:
+        return float(m.group(1)), float(m.group(2))
     if kind is ErrorKind.KV_BUDGET:
         return post, None
     if kind is ErrorKind.FREE_MEMORY:
@@ -350,8 +394,19 @@ def _no_error(run: RunState, engine: Engine | None, truncated: bool, lines: int,
         return Diagnosis(outcome=outcome, phase=phase, cause=cause, confidence=round(confidence, 2), **base, **kw)
 
     if run.ready_line:
-        cause = "The server started and printed its ready line."
-        return verdict(Outcome.READY, Phase.SERVING, cause, 0.98, notes=tuple(notes))
+        if run.traffic_line:
+            cause = (
+                f"The server started, printed its ready line and is serving ({run.traffic_what} after it, "
+                f"line {run.traffic_line})."
+            )
+            return verdict(Outcome.READY, Phase.SERVING, cause, 0.98, notes=tuple(notes))
+        # Up, with no request served in the log yet: the labels' "warmup" (no traffic has reached it).
+        cause = (
+            "The server started and printed its ready line; no request has been served in the log yet (no "
+            "request's batch stats or POST access line after it, health probes aside), so it is up and waiting "
+            "for traffic."
+        )
+        return verdict(Outcome.READY, Phase.WARMUP, cause, 0.9, notes=tuple(notes))
     # Without the ready line a file cannot say the server is (still) healthy: the warmup request can fail
     # after the HTTP server is up, a serving excerpt can stop just before a crash. READY stays a guess.
     until = "; the file ends with no error, so whether it stayed up is not in the log."

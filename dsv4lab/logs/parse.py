@@ -13,12 +13,16 @@ from collections.abc import Iterator
 
 from dsv4lab.logs import patterns as P
 from dsv4lab.logs.causes import classify_error_text, oom_figures
+from dsv4lab.logs.devices import parse_visible
 from dsv4lab.logs.events import (
     DecodeBatch,
+    DeviceMap,
     Engine,
     ErrorEvent,
     ErrorKind,
     Event,
+    Phase,
+    PhaseChange,
     PrefillBatch,
     RunStart,
     ServerArgs,
@@ -83,6 +87,9 @@ class LogParser(TracebackReader):
         self._last_ts_engine: Engine | None = None
         self._server_args_seen = False
         self._content_since_start = 0
+        # A ready line was parsed and no request has been served since: the next HTTP request line is the
+        # evidence that the server is serving (one event, so a serving log's access lines stay cheap).
+        self._await_request = False
 
     # -- public -------------------------------------------------------------------------------------------
 
@@ -175,6 +182,8 @@ class LogParser(TracebackReader):
         elif c0 == "P" and msg.startswith("Prefill batch"):
             ev = PrefillBatch.fast(n, line, ts, rank, dp, Engine.SGLANG)
         elif c0 == "I" and msg.startswith("INFO:") and "Uvicorn" not in msg and "startup" not in msg:
+            if self._await_request and P.is_request(msg):
+                return self._request(n, line, ts, rank, dp, Engine.SGLANG)
             return _EMPTY  # uvicorn access log
         else:
             if TB_START in msg or msg.startswith("server_args="):
@@ -182,6 +191,8 @@ class LogParser(TracebackReader):
             ev = parse_sglang_message(msg, n, line, ts, rank, dp)
             if ev is None:
                 return _EMPTY
+            if isinstance(ev, PhaseChange) and ev.ready:
+                self._await_request = True
         self.votes[Engine.SGLANG] += 1
         self._content_since_start += 1
         return (ev,) if ev is not None else _EMPTY
@@ -216,8 +227,13 @@ class LogParser(TracebackReader):
         if msg.startswith("server_args="):
             out.extend(self._server_args(msg[len("server_args=") :], n, line, ts, rank, dp, Engine.SGLANG))
             return tuple(out)
+        if self._await_request and msg.startswith("INFO:") and P.is_request(msg):
+            out.extend(self._request(n, line, ts, rank, dp, Engine.SGLANG))
+            return tuple(out)
         ev = parse_sglang_message(msg, n, line, ts, rank, dp)
         if ev is not None:
+            if isinstance(ev, PhaseChange) and ev.ready:
+                self._await_request = True
             self.votes[Engine.SGLANG] += 1
             self._content_since_start += 1
             out.append(ev)
@@ -250,6 +266,8 @@ class LogParser(TracebackReader):
             return tuple(out)
         ev = parse_sglang_message(msg, n, line, ts, rank, dp)
         if ev is not None:
+            if isinstance(ev, PhaseChange) and ev.ready:
+                self._await_request = True
             self.votes[Engine.SGLANG] += 1
             self._content_since_start += 1
             out.append(ev)
@@ -286,14 +304,26 @@ class LogParser(TracebackReader):
             ev = parse_progress_line(msg, n)
         elif vp.level is None and "Capturing " in msg:  # a tqdm bar glued to a nested tag (Ray Serve)
             ev = parse_progress_line(msg[msg.index("Capturing ") :], n)
+        elif self._await_request and vp.level is None and msg.startswith("INFO:") and P.is_request(msg):
+            out.extend(self._request(n, line, vp.ts, vp.rank, vp.dp, Engine.VLLM))
+            return tuple(out)
         else:
             ev = parse_vllm_message(vp, n, line)
+            if isinstance(ev, PhaseChange) and ev.ready:
+                self._await_request = True
         if ev is not None:
             self.votes[Engine.VLLM] += 1
             self._content_since_start += 1
             out.append(ev)
         elif P.FRAME.match(msg):  # a traceback whose "Traceback" line is above the excerpt
             blk = Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
+            self._blocks[key] = blk
+            self._continues(blk, msg)
+        elif vp.level == "ERROR" and msg.startswith("    ") and "(" in msg:
+            # vLLM logs a worker's traceback one ERROR record per line: an indented record is a frame's code
+            # line whose frame line is above the excerpt. Its call still names the step.
+            blk = Block(key=key, line_no=n, ts=vp.ts, rank=vp.rank, dp=vp.dp, engine=Engine.VLLM, head=None)
+            blk.expect_code = True
             self._blocks[key] = blk
             self._continues(blk, msg)
         return tuple(out) if out else _EMPTY
@@ -313,6 +343,15 @@ class LogParser(TracebackReader):
             self._bare = Block(key="bare", line_no=n, ts=None, rank=None, dp=None, engine=None, head=None)
             self._continues(self._bare, line)
             return _EMPTY
+        if self._await_request and line.startswith("INFO:") and P.is_request(line):
+            # vLLM's uvicorn access lines carry no prefix.
+            return self._request(n, line, None, None, None, None)
+        if line.startswith("usage: "):
+            return (_usage_error(line, n),)
+        if "VISIBLE_DEVICES" in line:
+            visible = parse_visible(line)
+            if visible is not None:
+                return (DeviceMap(line_no=n, text=line, visible=visible),)
         if line.startswith(("Capturing", "Loading safetensors", "Loading pt")):
             ev = parse_progress_line(line, n)
             if ev is not None:
@@ -336,6 +375,8 @@ class LogParser(TracebackReader):
         if any(h in line for h in _BARE_MESSAGE_HINTS):
             # A vLLM message whose prefix the user cut off when pasting.
             ev = parse_vllm_message(VllmPrefix("bare", None, None, None, None, line), n, line)
+            if isinstance(ev, PhaseChange) and ev.ready:
+                self._await_request = True
             if ev is not None and not isinstance(ev, ErrorEvent):
                 self.votes[Engine.VLLM] += 1
                 self._content_since_start += 1
@@ -376,9 +417,20 @@ class LogParser(TracebackReader):
                     out.append(self._run_start(n, "[" + partial, partial, "timestamps go back: another run follows"))
         return tuple(out)
 
+    def _request(
+        self, n: int, line: str, ts: str | None, rank: int | None, dp: int | None, engine: Engine | None
+    ) -> tuple[Event, ...]:
+        self._await_request = False
+        return (
+            PhaseChange(
+                line_no=n, text=line, ts=ts, rank=rank, dp=dp, engine=engine, phase=Phase.SERVING, what=P.REQUEST_SERVED
+            ),
+        )
+
     def _run_start(self, n: int, line: str, ts: str, reason: str) -> RunStart:
         self._content_since_start = 0
         self._server_args_seen = False
+        self._await_request = False
         return RunStart(line_no=n, text=line, ts=ts, reason=reason)
 
     def _server_args(
@@ -402,6 +454,22 @@ def _bare_error(line: str, n: int, kind: ErrorKind) -> ErrorEvent:
         message=line,
         traceback=(line,),
         oom=oom_figures(line) if kind is ErrorKind.OOM else None,
+    )
+
+
+def _usage_error(line: str, n: int) -> ErrorEvent:
+    """argparse's usage block (``usage: PROG [-h] ...``): printed by ``parse_args`` when it rejects the command
+    line (and by ``--help``). The ``PROG: error: ...`` line after it is the decisive one; when the excerpt
+    stops before it, the usage line still says the launch died parsing its arguments."""
+    return ErrorEvent(
+        line_no=n,
+        text=line,
+        kind=ErrorKind.UNKNOWN,
+        message="argparse printed its usage block (the error line after it is not in the log)",
+        traceback=(line,),
+        frames=("argparse.py:print_usage",),
+        complete=False,
+        head="argument parsing",
     )
 
 

@@ -176,6 +176,11 @@ CAPTURE_OLD = re.compile(
 CAPTURE_NEW = re.compile(
     r"Capture (?P<role>target|draft) (?P<graph>prefill|decode|verify|extend) CUDA graph (?P<stage>begin|end)\b"
 )
+#: Any other draft capture line (0.5.23's ``Capture Frozen-KV MTP draft cuda graph begin.``, ``Capture UNO tree
+#: draft CUDA graph begin. ...``): the speculative workers' own begin/end lines all say "draft" and "graph".
+CAPTURE_DRAFT_ANY = re.compile(
+    r"Capture \b.{0,40}?\bdraft\b.{0,20}? (?:cuda|CUDA|npu|cpu) graph (?P<stage>begin|end)\b"
+)
 CAPTURE_BS = re.compile(r"Capture (?:cuda|cpu) graph (?P<what>bs|num tokens) \[([\d, ]*)\]?")
 AVAIL = re.compile(r"avail[ _]mem=([\d.]+) ?GB")
 USAGE = re.compile(r"mem usage=([\d.]+) ?GB")
@@ -192,6 +197,19 @@ FP8_DEFAULT = re.compile(
     r"Using default (?P<what>W8A8 Block FP8 kernel|MoE kernel|MoE) config(?:.*?Config file not found at (?P<path>\S+))?"
 )
 
+# -- requests ------------------------------------------------------------------------------------------------
+
+#: ``PhaseChange.what`` of the first HTTP request served after the ready line.
+REQUEST_SERVED = "request served"
+
+
+def is_request(msg: str) -> bool:
+    """A uvicorn access line of a POST (``INFO:     127.0.0.1:5 - "POST /v1/completions HTTP/1.1" 200``): both
+    engines serve inference (generate, completions, chat, tokenize) on POST routes, while GETs are probes
+    and info (health, metrics, models, version, load, ping), which a watcher polls on an idle server."""
+    return '"POST /' in msg and " HTTP/" in msg
+
+
 # -- errors --------------------------------------------------------------------------------------------------
 
 #: An exception line: a (dotted) class name ending like an exception, then ``:`` or the end of the line.
@@ -203,14 +221,17 @@ EXCEPTION_LINE = re.compile(
 )
 #: A traceback frame; Python's faulthandler dump writes the same without the comma before ``in``.
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+,? in (?P<func>[\w<>.]+)')
+#: PyTorch's allocator message: ``... Tried to allocate X. GPU N has a total capacity of T of which F is free``
+#: (2.0+) or, before 2.0 (and torch_npu / XPU), ``... Tried to allocate X (GPU N; T total capacity; A already
+#: allocated; F free; ...)``.
 OOM = re.compile(
     r"(?:CUDA|HIP|cuda|hip|XPU|NPU) (?:error: )?out of memory"
     r"(?:\. Tried to allocate (?P<tried>[\d.]+ ?(?:[KMGT]i?B|bytes|B)?)"
     r"(?:\. GPU (?P<gpu>\d+) has a total capac(?:i)?ty of (?P<total>[\d.]+(?: ?(?:[KMGT]i?B|bytes))?)"
-    r"(?: of which (?P<free>[\d.]+ ?(?:[KMGT]i?B|bytes)) is free)?)?"
-    r"| Tried to allocate (?P<tried_old>[\d.]+ ?[KMGT]i?B) \(GPU (?P<gpu_old>\d+); (?P<total_old>[\d.]+ ?[KMGT]i?B) "
+    r"(?: of which (?P<free>[\d.]+ ?(?:[KMGT]i?B|bytes)) is free)?"
+    r"| \((?:GPU|NPU|XPU) (?P<gpu_old>\d+); (?P<total_old>[\d.]+ ?[KMGT]i?B) "
     r"total capacity;(?: (?P<alloc_old>[\d.]+ ?[KMGT]i?B) already allocated;)?"
-    r"(?: (?P<free_old>[\d.]+ ?[KMGT]i?B) free;)?)?"
+    r"(?: (?P<free_old>[\d.]+ ?[KMGT]i?B) free;)?)?)?"
 )
 OOM_ALLOCATED = re.compile(r"(?P<v>[\d.]+ ?(?:[KMGT]i?B|bytes)) is allocated by PyTorch")
 OOM_PRIVATE = re.compile(r"with (?P<v>[\d.]+ ?(?:[KMGT]i?B|bytes)) allocated in private pools")
@@ -237,7 +258,14 @@ VLLM_PROFILE_SPLIT = re.compile(
     r"the rest of the memory reserved for KV Cache is (-?[\d.]+) ?GiB"
 )
 VLLM_GRAPH_DONE = re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took (-?[\d.]+) ?(GiB|MiB|GB))?")
-VLLM_FREE_ON_START = re.compile(r"Free memory on device(?: [\w:]+)? \(([\d.]+)/([\d.]+) GiB\) on startup")
+VLLM_FREE_ON_START = re.compile(
+    r"(?:Free memory on device(?: [\w:]+)?|Available memory on node \d+) \(([\d.]+)/([\d.]+) GiB\) on startup"
+)
+#: vLLM's CPU worker refusing a KV budget larger than the NUMA node has available (free, total, requested).
+VLLM_KV_SPACE = re.compile(
+    r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on kv cache allocation is less than requested "
+    r"memory for kv \(([\d.]+)"
+)
 #: vLLM's wrappers name the worker method that raised: V0 multiproc and Ray workers.
 METHOD = re.compile(r"(?:while processing method|[Ee]rror executing method) '?(\w+)'?")
 VLLM_STATS = re.compile(

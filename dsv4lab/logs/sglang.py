@@ -91,6 +91,18 @@ def _capture(msg: str, line_no: int, text: str, ts: str | None, rank: int | None
     else:
         m = P.CAPTURE_OLD.search(msg)
         if not m:
+            dm = P.CAPTURE_DRAFT_ANY.search(msg)
+            if dm:
+                tail = msg[dm.end() :]
+                return GraphCapture(
+                    **where,
+                    stage=dm.group("stage"),
+                    role="draft",
+                    graph="decode",
+                    avail_gib=_f(P.AVAIL.search(tail)),
+                    usage_gib=_f(P.USAGE.search(tail)),
+                    elapsed_s=_f(P.ELAPSED.search(tail)),
+                )
             bsm = P.CAPTURE_BS.search(msg)
             if bsm:
                 sizes = tuple(int(x) for x in bsm.group(2).replace(",", " ").split() if x.isdigit())

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from dsv4lab.logs.events import (
     Capacity,
     DecodeBatch,
+    DeviceMap,
     DistInit,
     Engine,
     ErrorEvent,
@@ -29,6 +30,7 @@ from dsv4lab.logs.events import (
     VllmMemoryProfile,
     WeightLoad,
 )
+from dsv4lab.logs.patterns import REQUEST_SERVED
 
 __all__ = ["RankState", "RunState"]
 
@@ -41,6 +43,16 @@ def _older(ts: str, than: str) -> bool:
 _MAX_ERRORS = 64
 _BATCHES = frozenset({DecodeBatch, PrefillBatch})
 _MAX_RANKS = 4096
+
+
+def _traffic(ev: Event) -> bool:
+    """A batch line after the ready line that is a served request, not a probe. SGLang's ``/health`` runs a
+    one-token generation of ``input_ids=[0]`` (``health_generate``): a prefill of one sequence of one token,
+    never a decode step. vLLM logs its stats line at INFO only when the engine was not idle."""
+    if isinstance(ev, PrefillBatch):
+        st = ev.stats
+        return (st.new_tokens or 0) > 1 or (st.new_seq or 0) > 1
+    return True
 
 
 @dataclass
@@ -77,6 +89,9 @@ class RunState:
     ready_line: int = 0
     api_up_line: int = 0
     batches_after_api: int = 0  # batch lines after the HTTP server came up (2+: real traffic, not the warmup)
+    traffic_line: int = 0  # the first sign of served requests after the ready line (see ``_traffic``)
+    traffic_what: str = ""
+    visible: tuple[int, ...] | None = None  # the CUDA_VISIBLE_DEVICES the log shows
     last_batch_line: int = 0
     last_batch_ts: str = ""
     batches: int = 0
@@ -147,6 +162,9 @@ class RunState:
             self.batches += 1
             if self.api_up_line:
                 self.batches_after_api += 1
+            if self.ready_line and not self.traffic_line and _traffic(ev):
+                self.traffic_line = n
+                self.traffic_what = "batch stats"
             self.last_batch_line = n
             self.last_batch_ts = ev.ts or self.cur_ts
             st = self.ranks.get(r)
@@ -238,6 +256,11 @@ class RunState:
             self.capacity = ev
             self._progress(ev, Phase.WARMUP)
         elif isinstance(ev, PhaseChange):
+            if ev.what == REQUEST_SERVED:
+                if self.ready_line and not self.traffic_line:
+                    self.traffic_line = n
+                    self.traffic_what = "a request's access line"
+                return
             if ev.what == "engine initialised":
                 self.engine_ready = True
             if ev.ready:
@@ -268,5 +291,8 @@ class RunState:
             self._progress(ev, Phase.KV_CACHE_ALLOC)
         elif isinstance(ev, RunEnd):
             self.ended = ev
+        elif isinstance(ev, DeviceMap):
+            self.visible = ev.visible
+            self.content -= 1  # a shell line says nothing about the run's progress
         else:
             self.content -= 1  # warnings and kernel configs say nothing about progress

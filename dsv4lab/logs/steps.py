@@ -13,7 +13,14 @@ it contains, whatever order the runners nest in:
 - wrappers that cover several steps (vLLM's ``EngineCore._initialize_kv_caches``, SGLang's
   ``ModelRunner.initialize``) name no step by themselves;
 - a code line cut mid-name (``self.init_cu``) still narrows the call to the known step functions it can
-  begin; that reading is marked as a guess.
+  begin; that reading is marked as a guess;
+- a capture is the draft model's when the stack runs through the draft's code: SGLang's speculative
+  workers build the draft with capture switched off and capture it later in their own ``init_cuda_graphs``
+  (``EAGLEDraftCudaGraphRunner``, the draft-extend runners, all in ``sglang/srt/speculative/``), and vLLM
+  captures its drafter inside the target's capture pass (``_dummy_run`` -> ``drafter.dummy_run`` in
+  ``vllm/v1/spec_decode/``);
+- when nothing names a step, two readings remain that depend on the rest of the log or the block
+  (``ambiguous_dummy_run``, ``entry_step``): see their docstrings.
 """
 
 from __future__ import annotations
@@ -22,7 +29,16 @@ from dataclasses import dataclass
 
 from dsv4lab.logs.events import Phase
 
-__all__ = ["StepEvidence", "allocates", "frame_phase", "frame_step", "import_time", "sglang_compile_guess"]
+__all__ = [
+    "StepEvidence",
+    "allocates",
+    "ambiguous_dummy_run",
+    "entry_step",
+    "frame_phase",
+    "frame_step",
+    "import_time",
+    "sglang_compile_guess",
+]
 
 
 @dataclass(frozen=True)
@@ -43,7 +59,17 @@ class _Rule:
 _RULES: tuple[_Rule, ...] = (
     _Rule(
         Phase.DRAFT_CUDA_GRAPH_CAPTURE,
-        files=("eagle_draft_cuda_graph", "eagle_draft_extend_cuda_graph", "draft_cuda_graph"),
+        # SGLang's draft runners (0.4.x-0.5.23): EAGLE draft decode / draft extend, the multi-layer EAGLE
+        # draft-extend runner, the frozen-KV MTP runner and the UNO tree-draft runner.
+        files=(
+            "eagle_draft_cuda_graph",
+            "eagle_draft_extend_cuda_graph",
+            "draft_cuda_graph",
+            "draft_extend_cuda_graph",
+            "frozen_kv_mtp_cuda_graph",
+            "uno_cuda_graph",
+            "draft_forward_cg",
+        ),
     ),
     _Rule(
         Phase.CUDA_GRAPH_CAPTURE,
@@ -83,6 +109,11 @@ _RULES: tuple[_Rule, ...] = (
                 "_warmup",
                 "compile_or_warm_up_model",
                 "kernel_warmup",
+                # vLLM's worker calls its model runner's sampler / pooler dummy run only from
+                # compile_or_warm_up_model, after the KV cache and the graphs exist (the profiling pass
+                # calls the same methods from inside the runner, as self._dummy_sampler_run).
+                "model_runner._dummy_sampler_run",
+                "model_runner._dummy_pooler_run",
             }
         ),
     ),
@@ -125,6 +156,7 @@ _RULES: tuple[_Rule, ...] = (
             {
                 "load_model",
                 "load_weights",
+                "load_weights_and_postprocess",
                 "download_weights",
                 "process_weights_after_loading",
                 "_initialize_model",
@@ -139,8 +171,21 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         Phase.STARTUP_OTHER,
+        # Before any step: the command line (argparse, SGLang's ServerArgs checks, vLLM's EngineArgs and
+        # serve-argument checks), the environment (SGLang's _set_envs_and_config and package-version
+        # asserts), the API server's socket, distributed init and the device.
+        files=("argparse.py", "server_args.py", "arg_utils.py", "cli_args.py", "rendezvous.py"),
         funcs=frozenset(
             {
+                "parse_args",
+                "prepare_server_args",
+                "check_server_args",
+                "_set_envs_and_config",
+                "assert_pkg_version",
+                "create_engine_config",
+                "validate_parsed_serve_args",
+                "setup_server",
+                "create_server_socket",
                 "init_torch_distributed",
                 "initialize_model_parallel",
                 "init_distributed_environment",
@@ -176,6 +221,7 @@ _RULES: tuple[_Rule, ...] = (
                 "forward_decode_batch",
                 "loop_for_forward",
                 "generate_request",
+                "execute_dummy_batch",  # vLLM: an idle data-parallel rank steps with the busy ones
             }
         ),
         func_parts=("event_loop_",),
@@ -204,10 +250,49 @@ _ALLOCATORS = ("torch.empty", "torch.zeros", "torch.ones", "torch.full", ".cuda(
 
 @dataclass(frozen=True)
 class StepEvidence:
-    """The step a traceback names, and whether the reading is a guess (a cut call name, not a frame)."""
+    """The step a traceback names, whether the reading is a guess (a cut call name, not a frame), and how it
+    was found (``source``, said in the diagnosis' notes) with how sure that way is (``strength``)."""
 
     phase: Phase
     guessed: bool
+    source: str = "the traceback frames"
+    strength: float = 0.9
+
+
+#: Process entry functions: the outermost engine frame of a scheduler, engine-core, worker or server process.
+#: A complete traceback whose innermost frame is one of these raised in the process's own setup (logging,
+#: faulthandler, affinity, the environment) before any step began.
+_ENTRY_FUNCS = frozenset(
+    {
+        "run_scheduler_process",
+        "run_detokenizer_process",
+        "run_data_parallel_controller_process",
+        "launch_server",
+        "_launch_subprocesses",
+        "run_engine_core",
+        "worker_main",
+        "run_server",
+        "run_server_worker",
+        "main",
+    }
+)
+#: vLLM's dummy forward passes: run by the profiling pass (KV sizing) and again by the warm-up after the KV
+#: cache exists, so the frame alone names neither.
+_DUMMY_RUNS = frozenset({"_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run"})
+#: Files of vLLM's spec_decode/ that are shared helpers, not a drafter's own code.
+_SPEC_HELPERS = ("spec_decode/utils.py", "spec_decode/metadata.py", "spec_decode/metrics.py")
+
+
+def _draft_frame(file: str, func: str) -> bool:
+    """A frame of the draft model's own code: SGLang's speculative workers and draft runners, vLLM's drafters,
+    the draft-worker construction, or a call to a draft class / method (``EAGLEDraftCudaGraphRunner``,
+    ``draft_forward``)."""
+    if file.startswith("speculative/"):
+        name = file[len("speculative/") :]
+        return any(p in name for p in ("worker", "draft", "graph", "_cg"))
+    if file.startswith("spec_decode/"):
+        return file not in _SPEC_HELPERS
+    return "draft" in func.lower()
 
 
 def _cut_call(name: str) -> Phase | None:
@@ -222,12 +307,16 @@ def frame_step(frames: tuple[str, ...]) -> StepEvidence | None:
     split = [f.rpartition(":")[::2] for f in frames if not f.startswith("cut:")]
     for rule in _RULES:
         if any(rule.matches(file, func) for file, func in split):
+            if rule.phase is Phase.CUDA_GRAPH_CAPTURE and any(_draft_frame(file, func) for file, func in split):
+                return StepEvidence(
+                    Phase.DRAFT_CUDA_GRAPH_CAPTURE, False, "the traceback frames (a capture inside the draft's code)"
+                )
             return StepEvidence(rule.phase, False)
     for f in reversed(frames):
         if f.startswith("cut:"):
             phase_cut = _cut_call(f[4:])
             if phase_cut is not None:
-                return StepEvidence(phase_cut, True)
+                return StepEvidence(phase_cut, True, "a call name cut off mid-word (a guess)", 0.45)
     return None
 
 
@@ -239,6 +328,22 @@ _COMPILE_FILES = ("eval_frame.py", "graph_module.py", "compile_fx.py", "convert_
 def sglang_compile_guess(frames: tuple[str, ...]) -> bool:
     """True when an SGLang traceback shows only torch.compile machinery (see ``_COMPILE_FILES``)."""
     return any(f.split(":", 1)[0] in _COMPILE_FILES for f in frames)
+
+
+def ambiguous_dummy_run(frames: tuple[str, ...]) -> bool:
+    """True when vLLM's dummy-run frames are all that names a step (see ``_DUMMY_RUNS``): the log's own state
+    decides — after the KV cache exists it is the warm-up, before it the profiling pass."""
+    return frame_step(frames) is None and any(f.rpartition(":")[2] in _DUMMY_RUNS for f in frames)
+
+
+def entry_step(frames: tuple[str, ...]) -> StepEvidence | None:
+    """Startup for a complete traceback whose innermost frame is a process entry function (``_ENTRY_FUNCS``):
+    the exception was raised there, in the process's own setup, before any step. Only for blocks that kept
+    their exception line — a cut block's innermost frame is just where the cut fell."""
+    real = [f for f in frames if not f.startswith(("call:", "cut:"))]
+    if real and real[-1].rpartition(":")[2] in _ENTRY_FUNCS and frame_step(frames) is None:
+        return StepEvidence(Phase.STARTUP_OTHER, False, "the traceback (raised in the process's own setup)", 0.8)
+    return None
 
 
 def frame_phase(frames: tuple[str, ...]) -> Phase | None:

@@ -69,11 +69,19 @@ class Block:
         return tuple(self.head_lines + middle + tail)
 
 
+#: Folders whose name says which step their files belong to, so a frame keeps them: vLLM's ``compilation/``
+#: (``backends.py`` alone says nothing), both engines' weight loaders (``sglang/srt/model_loader/``,
+#: ``vllm/model_executor/model_loader/``), SGLang's speculative workers and draft runners
+#: (``sglang/srt/speculative/``) and vLLM's drafters (``vllm/v1/spec_decode/``).
+_STEP_FOLDERS = ("compilation", "model_loader", "speculative", "spec_decode")
+
+
 def _basename(path: str) -> str:
-    """The file name; vLLM's ``compilation/`` files keep their folder (``backends.py`` alone says nothing)."""
+    """The file name, with its folder when that folder names a step (see ``_STEP_FOLDERS``)."""
     head, _, name = path.rpartition("/")
-    if head.endswith("/compilation"):
-        return "compilation/" + name
+    folder = head.rpartition("/")[2]
+    if folder in _STEP_FOLDERS:
+        return f"{folder}/{name}"
     return name
 
 
@@ -174,9 +182,14 @@ class TracebackReader:
         # Name the call on the frame's code line: a traceback cut right after it still says where it was.
         i = code.find("(")
         if i > 0:
-            name = code[:i].rsplit(".", 1)[-1].rsplit(" ", 1)[-1].strip()
+            receiver, _, name = code[:i].rpartition(".")
+            name = name.rsplit(" ", 1)[-1].strip()
             if name.isidentifier():
                 block.frames.append(f"call:{name}")
+                if receiver.endswith("model_runner"):
+                    # vLLM's worker calling into its model runner: which of the runner's methods the worker
+                    # calls (and from where) tells steps apart that share the method (see steps.py).
+                    block.frames.append(f"call:model_runner.{name}")
         elif i < 0:
             m = _TRAILING_NAME.search(code)
             if m:  # possibly a call cut mid-name ("self.init_cu"); only trusted if the block ends here

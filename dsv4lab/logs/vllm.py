@@ -128,7 +128,7 @@ _STEP_LINES: tuple[tuple[tuple[str, ...], Phase, str], ...] = (
         Phase.WARMUP,
         "kernel warmup",
     ),
-    (("Supported_tasks", "Supported tasks", "Available routes are"), Phase.WARMUP, "API server setup"),
+    (("Supported_tasks", "Supported tasks"), Phase.WARMUP, "API server setup"),
 )
 
 
@@ -204,6 +204,9 @@ def parse_vllm_message(pre: VllmPrefix, line_no: int, text: str) -> Event | None
         or "Starting vLLM server on" in msg
         or "Uvicorn running on" in msg
         or "Application startup complete" in msg
+        # serve_http logs the route list once the engine client is up, right before uvicorn serves: the
+        # same moment as the server-start line, whose wording varies by release (and by redaction tools).
+        or msg.startswith("Available routes are")
     ):
         return PhaseChange(**base, phase=Phase.SERVING, what="api server up", ready=True)
     if msg.startswith("init engine") and "took" in msg:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dsv4lab.logs.events import Engine, ErrorEvent, ErrorKind, OomFigures, Phase
 from dsv4lab.logs.fixes import MemoryFacts
+from dsv4lab.logs.patterns import VLLM_KV_SPACE
 from dsv4lab.logs.state import RunState
 
 __all__ = ["PHASE_WORDS", "cause_sentence", "evidence_lines", "where"]
@@ -55,15 +56,26 @@ def _clip(text: str) -> str:
     return text[:-1] if text.endswith(".") and not text.endswith("...") else text
 
 
-def _oom(phase: Phase | None, oom: OomFigures | None) -> str:
-    gpu = f"GPU {oom.gpu}" if oom and oom.gpu is not None else "A GPU"
+def _size(gib: float) -> str:
+    """GiB to two decimals, or MiB below 0.1 GiB (a 3 MiB allocation is not "0.00 GiB")."""
+    return f"{gib:.2f} GiB" if gib >= 0.1 or gib == 0 else f"{gib * 1024:.1f} MiB"
+
+
+def _oom(phase: Phase | None, oom: OomFigures | None, physical: int | None) -> str:
+    local = oom.gpu if oom else None
+    if physical is not None and local is not None and physical != local:
+        gpu = f"GPU {physical} (the process's GPU {local}, under the log's CUDA_VISIBLE_DEVICES)"
+    elif physical is not None or local is not None:
+        gpu = f"GPU {physical if physical is not None else local}"
+    else:
+        gpu = "A GPU"
     figures = ""
     if oom and oom.tried_gib is not None:
-        figures = f": a {oom.tried_gib:.2f} GiB allocation failed"
+        figures = f": a {_size(oom.tried_gib)} allocation failed"
         if oom.free_gib is not None:
-            figures += f" with {oom.free_gib:.2f} GiB free"
+            figures += f" with {_size(oom.free_gib)} free"
         if oom.total_gib is not None:
-            figures += f" of {oom.total_gib:.2f} GiB"
+            figures += f" of {_size(oom.total_gib)}"
     reason = (
         {
             Phase.CUDA_GRAPH_CAPTURE: "; graph memory comes from the share outside the static memory fraction",
@@ -79,13 +91,26 @@ def _oom(phase: Phase | None, oom: OomFigures | None) -> str:
 
 
 def cause_sentence(
-    err: ErrorEvent, kind: ErrorKind, phase: Phase | None, oom: OomFigures | None, facts: MemoryFacts
+    err: ErrorEvent,
+    kind: ErrorKind,
+    phase: Phase | None,
+    oom: OomFigures | None,
+    facts: MemoryFacts,
+    gpu: int | None = None,
 ) -> str:
-    """One sentence for a failure whose error line is in the log (``kind`` as read from it)."""
+    """One sentence for a failure whose error line is in the log (``kind`` as read from it); ``gpu`` is the
+    physical GPU when the log gives it."""
     msg = _clip(err.message.strip())
     if kind is ErrorKind.OOM:
-        return _oom(phase, oom)
+        return _oom(phase, oom, gpu)
     if kind is ErrorKind.KV_BUDGET:
+        space = VLLM_KV_SPACE.search(err.message)
+        if space:
+            free, total, asked = (float(space.group(i)) for i in (1, 2, 3))
+            return (
+                f"The KV cache asked for {asked:.2f} GiB, more than the {free:.2f} of {total:.2f} GiB available on "
+                f"the CPU's memory node (vLLM's CPU backend keeps the KV cache in host RAM) ({msg})."
+            )
         if facts.post is not None and facts.weights is not None:
             return (
                 f"No memory was left for the KV cache: the weights took {facts.weights:.2f} GiB per GPU and left "
