@@ -29,7 +29,8 @@ root_doc = "index"
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 
-# The reference: docstrings as written (reST), members in source order, long signatures one parameter a line.
+# The reference: docstrings as written (reST; the few with a Google-style "Args:" section through napoleon, see
+# docs/_ext/dsv4lab_docs.py), members in source order, long signatures one parameter a line.
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True

@@ -134,9 +134,28 @@ def _private_but_real(app: Sphinx, domain: Domain, node: addnodes.pending_xref) 
     return None
 
 
+#: Google-style section headers; a docstring with one of these on a line of its own is read as Google style.
+GOOGLE_SECTIONS = ("Args:", "Arguments:", "Returns:", "Raises:", "Yields:")
+
+
+def _google_sections(
+    app: Sphinx, what: str, name: str, obj: object, options: dict[str, object], lines: list[str]
+) -> None:
+    """The few docstrings with an ``Args:`` section (``Lab``, ``ConfigPanel``) are Google style; the rest are
+    plain reST, where napoleon would misread a sentence like ``of dsv4lab's: ...`` as a type, so napoleon
+    reads only those."""
+    if any(line.strip() in GOOGLE_SECTIONS for line in lines):
+        from sphinx.ext.napoleon import Config
+        from sphinx.ext.napoleon.docstring import GoogleDocstring
+
+        converted = GoogleDocstring(lines, Config(napoleon_use_param=True), app, what, name, obj, options).lines()
+        lines[:] = converted
+
+
 def setup(app: Sphinx) -> dict[str, object]:
     app.add_directive("public-module", PublicModule)
     app.add_directive("cli-help", CliHelp)
     app.connect("missing-reference", _resolve_reexport)
     app.connect("warn-missing-reference", _private_but_real)
+    app.connect("autodoc-process-docstring", _google_sections)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
