@@ -34,7 +34,7 @@ myst_enable_extensions = ["colon_fence"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
-autodoc_class_signature = "separated"
+autoclass_content = "both"  # a class's docstring, then its __init__'s (Lab's and ConfigPanel's Args)
 maximum_signature_line_length = 100
 add_module_names = False
 python_display_short_literal_types = True
@@ -49,4 +49,7 @@ html_title = f"dsv4lab {release}"
 html_static_path: list[str] = []
 html_show_sourcelink = False
 html_copy_source = False
+# Search results without the text around the match: the summary is fetched from each result page, which a
+# browser refuses for file:// pages, and the site is opened from disk.
+html_show_search_summary = False
 html_last_updated_fmt = None

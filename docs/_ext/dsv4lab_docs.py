@@ -10,8 +10,11 @@ for every verb, from the parser the command line itself builds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sys
 from collections.abc import Iterator
+from typing import Any, cast
 
 import publicapi
 from docutils import nodes
@@ -22,19 +25,22 @@ from sphinx.application import Sphinx
 from sphinx.domains import Domain
 from sphinx.environment import BuildEnvironment
 from sphinx.util.docutils import SphinxDirective
+from sphinx.util.nodes import nested_parse_with_titles
 
 __all__ = ["CliHelp", "PublicModule", "setup"]
 
 
 def _module_lines(module: str) -> list[str]:
-    names = [n for n in publicapi.public_names() if n.module == module]
+    """autodoc for the public names ``module`` defines: those in its ``__all__``, and those it leaves out of
+    its own ``__all__`` but a package re-exports (``dsv4lab.cli.build_parser``): each name is documented at
+    its home, whoever exports it."""
+    names = publicapi.public_names()
     lines = [f".. automodule:: {module}"]
-    if module not in publicapi.modules_with_all():
-        return [*lines, "   :no-members:", ""]
-    own = [n.name for n in names if n.home == module]
+    own = [n.name for n in names if n.module == module and n.home == module]
+    own += sorted({n.name for n in names if n.home == module and n.kind != "module"} - set(own))
     lines.append(f"   :members: {', '.join(own)}" if own else "   :no-members:")
     lines.append("")
-    others = [n for n in names if n.home != module]
+    others = [n for n in names if n.module == module and n.home != module]
     if others:
         refs = ", ".join(f":py:obj:`{n.name} <{n.path}>`" for n in others)
         lines += [f"   Also exported here: {refs}.", ""]
@@ -52,12 +58,21 @@ class PublicModule(SphinxDirective):
         modules = [root]
         if "recursive" in self.options:
             modules += [m for m in publicapi.module_names() if m.startswith(f"{root}.") and not m.endswith(".__main__")]
+        # `make docs` rebuilds only what changed: a page is read again when these files change
+        self.env.note_dependency(__file__)
+        self.env.note_dependency(publicapi.__file__)
+        for module in modules:
+            source = publicapi.source_file(module)
+            if source is not None:
+                self.env.note_dependency(str(source))
         lines: list[str] = []
         for module in modules:
+            if module != root:  # the page's title names the root; each module below it gets a heading
+                lines += [module, "-" * len(module), ""]
             lines += _module_lines(module)
         container = nodes.container()
-        self.state.nested_parse(StringList(lines, source=f"<public-module {root}>"), self.content_offset, container)
-        return container.children
+        nested_parse_with_titles(self.state, StringList(lines, source=f"<public-module {root}>"), container)
+        return list(container.children)
 
 
 @contextlib.contextmanager
@@ -75,17 +90,24 @@ def _columns(width: int) -> Iterator[None]:
 
 
 class CliHelp(SphinxDirective):
-    """``dsv4lab --help`` and each verb's ``--help`` (sub-verbs too), as literal blocks under headings."""
+    """``dsv4lab --help`` and each verb's ``--help`` (sub-verbs too), as literal blocks under headings whose
+    anchors are ``cli-dsv4lab-VERB``."""
 
     def run(self) -> list[nodes.Node]:
         import argparse
 
+        from dsv4lab.cli import bench_args
         from dsv4lab.cli.main import build_parser
 
         out: list[nodes.Node] = []
+        self.env.note_dependency(__file__)
+        for module in (build_parser, bench_args.build_parser):
+            self.env.note_dependency(sys.modules[module.__module__].__file__ or "")
 
         def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
-            with _columns(100):
+            if words == ["dsv4lab", "bench"]:  # the verb hands its arguments to a parser of its own
+                parser = bench_args.build_parser()
+            with _columns(88):  # the page's code column
                 text = parser.format_help()
             name = " ".join(words)
             section = nodes.section(ids=[nodes.make_id(f"cli-{name}")], names=[nodes.fully_normalize_name(name)])
@@ -129,9 +151,16 @@ def _private_but_real(app: Sphinx, domain: Domain, node: addnodes.pending_xref) 
     """A signature names a private helper or a type variable (``dsv4lab.blocking.T``): real, not broken, and
     left out of the reference on purpose, so no warning. A dsv4lab path that names nothing is still reported."""
     target = str(node.get("reftarget", ""))
-    if domain.name == "py" and target.startswith("dsv4lab.") and publicapi.known_name(target):
+    public = target in _public_paths()
+    if domain.name == "py" and target.startswith("dsv4lab.") and not public and publicapi.known_name(target):
         return True
     return None
+
+
+@functools.cache
+def _public_paths() -> frozenset[str]:
+    names = publicapi.public_names()
+    return frozenset({n.path for n in names} | {f"{n.module}.{n.name}" for n in names})
 
 
 #: Google-style section headers; a docstring with one of these on a line of its own is read as Google style.
@@ -148,8 +177,28 @@ def _google_sections(
         from sphinx.ext.napoleon import Config
         from sphinx.ext.napoleon.docstring import GoogleDocstring
 
-        converted = GoogleDocstring(lines, Config(napoleon_use_param=True), app, what, name, obj, options).lines()
-        lines[:] = converted
+        # napoleon's own Config: its napoleon_* settings are not registered, napoleon not being an extension here
+        config: Any = Config(napoleon_use_param=True)
+        lines[:] = GoogleDocstring(lines, config, app, cast(Any, what), name, obj, options).lines()
+
+
+def _plain_defaults(
+    app: Sphinx, what: str, name: str, obj: object, options: object, signature: str | None, annotation: str | None
+) -> tuple[str | None, str | None] | None:
+    """A dataclass field with ``default_factory`` shows as ``<factory>``, which Sphinx cannot read as Python
+    and then prints the whole signature unformatted: show it as ``...``."""
+    if signature and "<factory>" in signature:
+        return signature.replace("<factory>", "..."), annotation
+    return None
+
+
+def _relative_paths(app: Sphinx, doctree: nodes.document) -> None:
+    """A constant whose value is a path in the package shows the path of the checkout that built the docs;
+    show it relative to the repository instead."""
+    root = f"{publicapi.ROOT}/"
+    for text in list(doctree.findall(nodes.Text)):
+        if root in text and text.parent is not None:
+            text.parent.replace(text, nodes.Text(str(text).replace(root, "")))
 
 
 def setup(app: Sphinx) -> dict[str, object]:
@@ -158,4 +207,6 @@ def setup(app: Sphinx) -> dict[str, object]:
     app.connect("missing-reference", _resolve_reexport)
     app.connect("warn-missing-reference", _private_but_real)
     app.connect("autodoc-process-docstring", _google_sections)
+    app.connect("autodoc-process-signature", _plain_defaults)
+    app.connect("doctree-read", _relative_paths)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -24,6 +24,7 @@ __all__ = [
     "modules_with_all",
     "public_names",
     "reexports",
+    "source_file",
 ]
 
 #: The package documented.
@@ -48,7 +49,8 @@ class PublicName:
         return f"{self.home}.{self.name}" if self.kind != "module" else self.home
 
 
-def _source_file(module: str) -> Path | None:
+def source_file(module: str) -> Path | None:
+    """The file a module of the package is read from (None for a name that is not one)."""
     base = ROOT.joinpath(*module.split("."))
     for candidate in (base / "__init__.py", base.with_suffix(".py")):
         if candidate.is_file():
@@ -69,7 +71,7 @@ def module_names() -> tuple[str, ...]:
 
 @cache
 def _source(module: str) -> tuple[ast.Module, tuple[str, ...]]:
-    path = _source_file(module)
+    path = source_file(module)
     if path is None:
         raise LookupError(f"no source for {module}")
     text = path.read_text(encoding="utf-8")
@@ -150,7 +152,7 @@ def _definition(module: str, name: str) -> tuple[str, bool] | None:
 def _imported_from(module: str, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
-    path = _source_file(module)
+    path = source_file(module)
     parts = module.split(".")
     base = parts if path is not None and path.name == "__init__.py" else parts[:-1]
     base = base[: len(base) - (node.level - 1)]
@@ -171,7 +173,7 @@ def home_of(module: str, name: str) -> tuple[str, str, bool]:
                 continue
             source = _imported_from(module, node)
             submodule = f"{source}.{alias.name}"
-            if _source_file(submodule) is not None:  # a module imported by name
+            if source_file(submodule) is not None:  # a module imported by name
                 return submodule, "module", bool(ast.get_docstring(_source(submodule)[0]))
             if source.split(".")[0] != PACKAGE:
                 raise LookupError(f"{module}.{name} comes from outside {PACKAGE} ({source})")
