@@ -1,4 +1,5 @@
-# dsv4lab: `make demo` runs the story on the twin; `make test` runs every test, lint and type check.
+# dsv4lab: `make demo` runs the story on the twin; `make test` runs every test (the docs' build included), lint and
+# type check; `make docs` builds the docs site into site/.
 # Both create .venv when it is missing and (re)install when pyproject.toml changes.
 
 PYTHON ?= python3
@@ -8,19 +9,27 @@ STAMP := $(VENV)/.installed
 
 SGLANG_PARSERS ?= .cache/sglang-parsers
 
-.PHONY: demo test install lint typecheck pytest sshd chromium sglang-parsers clean
+.PHONY: demo test install lint typecheck pytest docs sshd chromium sglang-parsers clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dsv4lab needs Python 3.10 or newer; found " + sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,docs]'
 	@touch $(STAMP)
 
 install: $(STAMP)
 
 demo: install
 	$(PY) -m dsv4lab demo --reports reports
+
+# The docs site (Sphinx + MyST, docs/) into site/, offline: every warning is an error, so a broken link or
+# anchor, or a reference to a dsv4lab name that is not documented, fails. tests/test_docs.py builds it too.
+DOCS_OUT ?= site
+
+docs: install
+	$(PY) -m sphinx -W --keep-going -q -b html docs $(DOCS_OUT)
+	@echo "docs: $(DOCS_OUT)/index.html"
 
 # OpenSSH server for the SSH tests: installed when missing and we are root (CI runs as root).
 sshd:
@@ -63,4 +72,4 @@ pytest: install sshd chromium sglang-parsers
 test: pytest lint typecheck
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(DOCS_OUT)

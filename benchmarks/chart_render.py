@@ -1,7 +1,7 @@
 """What the charts cost: build + SVG render time and SVG size, above all for the big memory timeline —
 next to the same timeline with every sample embedded (what a chart without aggregation would carry).
 
-Not a timed test: run by hand, figures go in the README. The big timeline is 8 GPUs sampled at 2 Hz for
+Not a timed test: run by hand, figures go in docs/measured.md. The big timeline is 8 GPUs sampled at 2 Hz for
 an hour (57,600 samples) with one OOM spike; dsv4lab keeps each GPU's min and max per time bucket (at most
 5,000 points). The peer embeds all 57,600 (Altair's row limit lifted). Every other chart is timed on data
 of the size a campaign produces (the tests' builders). vl-convert renders with no network.

@@ -1,7 +1,7 @@
 """The GPU memory sampler over real loopback SSH: samples per second it sustains, the CPU it costs, and how
 long a stop takes — next to the obvious alternative, one SSH exec of nvidia-smi per sample.
 
-Not a timed test: run by hand, figures go in the README. Both modes run the twin's nvidia-smi stand-in
+Not a timed test: run by hand, figures go in docs/measured.md. Both modes run the twin's nvidia-smi stand-in
 (``python -m dsv4lab.twin.smi``) through a real sshd on 127.0.0.1, reading the state files a running
 8-GPU twin would leave, so the per-sample work on the "host" is the same; only the transport differs:
 

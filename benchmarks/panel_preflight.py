@@ -6,7 +6,7 @@ more preflights), diffs against the preset and redraws the verdict — all on th
 change, so it must stay well under 100 ms. The budget chart is drawn afterwards in its own thread (vl-convert
 takes longer than the whole budget); its time to appear is reported separately.
 
-Not a timed test: run by hand, the figures go in the README. Widgets run without a kernel (as in the tests).
+Not a timed test: run by hand, the figures go in docs/measured.md. Widgets run without a kernel (as in the tests).
 
     .venv/bin/python benchmarks/panel_preflight.py --moves 200
 """

@@ -1,6 +1,6 @@
 """How much load the twin carries, and what the story's configs decode at — measured, not asserted.
 
-Two modes (not timed tests; run by hand, figures go in the README):
+Two modes (not timed tests; run by hand, figures go in docs/measured.md):
 
 ``capacity`` (default): the twin on the fast ``tiny`` profile, pinned to one CPU core, with N concurrent
 OpenAI streaming requests from an aiohttp client pinned to another core. Reports concurrent streams and

@@ -1,6 +1,6 @@
 """How fast the watcher notices, over real loopback SSH — next to what the story's poll loop would do.
 
-Not a timed test: run by hand, figures go in the README. For each of N runs it launches the twin through
+Not a timed test: run by hand, figures go in docs/measured.md. For each of N runs it launches the twin through
 a real sshd on 127.0.0.1 and measures, against a local observer that polls the run directory every
 millisecond (the ground truth):
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 __all__ = ["Raw", "State", "badge", "card", "esc", "fmt", "fold", "kv_table", "p", "pre", "raw", "table"]
 
+#: What a badge or card says about its subject; each state has one colour everywhere.
 State = Literal["ok", "warn", "fail", "info", "running"]
 
 _COLOURS: dict[str, str] = {
@@ -29,6 +30,7 @@ _TABLE = "border-collapse:collapse;margin:0.3em 0;font-size:0.9em"
 
 
 def esc(value: object) -> str:
+    """``value`` as HTML text: a log line holding ``<script>`` stays text in a report."""
     return html.escape(str(value), quote=True)
 
 
@@ -54,6 +56,7 @@ def fmt(value: object, digits: int = 2) -> str:
 
 
 def badge(text: str, state: State = "info") -> str:
+    """A small coloured label (READY, CRASHED), styled inline so it survives nbconvert and needs no stylesheet."""
     colour = _COLOURS[state]
     return (
         f"<span style='display:inline-block;padding:0 0.45em;border-radius:0.6em;border:1px solid {colour};"
@@ -102,6 +105,7 @@ def fold(lines: Sequence[str], *, keep: int = 12, summary: str = "") -> str:
 
 
 def pre(lines: Sequence[str]) -> str:
+    """Log lines as an escaped, wrapped, scrollable block, so a long excerpt does not push a card off screen."""
     text = "\n".join(esc(line) for line in lines)
     return (
         "<pre style='text-align:left;white-space:pre-wrap;font-size:0.8em;background:#f6f8fa;"
@@ -125,6 +129,7 @@ class Raw(str):
 
 
 def raw(markup: str) -> Raw:
+    """Mark markup this module built as safe to embed: table cells escape everything else."""
     return Raw(markup)
 
 

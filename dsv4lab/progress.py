@@ -24,6 +24,7 @@ from typing import Any, Literal, TextIO
 
 __all__ = ["Progress", "State", "progress_mode"]
 
+#: How a progress line ends (or that it has not yet): its colour and symbol.
 State = Literal["running", "ok", "warn", "fail"]
 Mode = Literal["html", "text", "off"]
 

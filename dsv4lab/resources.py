@@ -11,6 +11,7 @@ from pathlib import Path
 
 __all__ = ["CAMPAIGNS", "JUPYTER_CONFIG", "NOTEBOOKS", "PACKAGE_DIR", "TEMPLATES", "__version__"]
 
+#: The package's version, as ``dsv4lab --version`` and every run's ``env.json`` report it.
 __version__ = "0.1.0"
 
 #: The installed package (``dsv4lab/``).

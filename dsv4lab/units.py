@@ -167,6 +167,7 @@ def fmt_s(value: float | None) -> str:
 
 
 def fmt_gib(value: float | None, digits: int = 1) -> str:
+    """A memory figure with its unit: ``20.04`` -> ``"20.0 GiB"``, ``–`` when not measured."""
     return "–" if _missing(value) else f"{_num(float(value), digits)} GiB"  # type: ignore[arg-type]
 
 

@@ -3,7 +3,7 @@
 Three sets, one contract: the corpus (tests/data/logs/corpus), excerpts from public SGLang / vLLM threads
 with a label file written from what the thread says; the live logs of a real vLLM 0.32 on CPU
 (tests/data/logs/vllm_live); and the twin run once per fault it supports (tests/data/logs/twin_faults, made
-by tools/twin_fault_logs.py). The scoring lives in tools/diagnosis_accuracy.py (the README's accuracy
+by tools/twin_fault_logs.py). The scoring lives in tools/diagnosis_accuracy.py (docs/diagnosis.md's accuracy
 table); these tests hold the contract per case, so a rule change that makes one answer confidently wrong
 fails here by name, and the frozen held-out rounds keep their targets.
 """

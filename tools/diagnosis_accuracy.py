@@ -3,7 +3,7 @@
 The corpus is ``tests/data/logs/corpus/``: real excerpts from public GitHub threads, each with a label file
 written from what the thread says. ``split`` says how a case was used: ``dev`` cases were read while the
 rules were written; ``heldout``, ``heldout2`` and ``heldout3`` cases were collected and labelled only after
-the rules were frozen (three rounds; commits named in the README), so their figures at those commits are
+the rules were frozen (three rounds; commits named in docs/diagnosis.md), so their figures at those commits are
 the honest generalisation estimate. Two more labelled sets are scored the same way: ``live``, whole logs of
 a real vLLM 0.32 on CPU (``tests/data/logs/vllm_live/``: a clean start and five failures), and ``twin``, the
 twin run once per fault it supports (``tests/data/logs/twin_faults/``, made by ``tools/twin_fault_logs.py``).
@@ -17,7 +17,7 @@ Scoring, per case, only for what the label states (``null`` = the thread does no
 - confident-wrong: confidence >= 0.5 and the outcome or the phase is wrong. The target is zero.
 - calibration: per confidence bin, how many answers were fully right (outcome and phase where labelled).
 
-    .venv/bin/python tools/diagnosis_accuracy.py             # the table (README "Diagnosis accuracy")
+    .venv/bin/python tools/diagnosis_accuracy.py             # the table (docs/diagnosis.md)
     .venv/bin/python tools/diagnosis_accuracy.py --cases     # plus one line per case
     .venv/bin/python tools/diagnosis_accuracy.py --rules-at <git-rev>   # score the rules of a commit
     .venv/bin/python tools/diagnosis_accuracy.py --before <git-rev>     # frozen rules before, then the tree's

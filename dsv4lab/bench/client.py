@@ -54,10 +54,15 @@ __all__ = [
     "send_request",
 ]
 
+#: The endpoint a benchmark speaks: OpenAI completions or chat, or SGLang's native ``/generate``.
 API = Literal["completions", "chat", "generate"]
+#: Where a request's clock starts: ``send`` (its bytes written on an open connection: the server's TTFT) or
+#: ``connect`` (before encoding and connecting, as ``bench_serving`` counts it).
 TTFTClock = Literal["send", "connect"]
+#: One inter-token latency per chunk gap (``chunk``), or each gap split over the chunk's tokens (``token``).
 ITLUnit = Literal["chunk", "token"]
 
+#: The path each :data:`API` posts to.
 ENDPOINTS: dict[str, str] = {
     "completions": "/v1/completions",
     "chat": "/v1/chat/completions",

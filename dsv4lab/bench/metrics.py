@@ -48,6 +48,8 @@ __all__ = [
     "summarize",
 ]
 
+#: How one request ended: answered in full, refused or errored, cut off mid-stream, or never sent (the run
+#: ended first); only ``ok`` requests count in the latency figures.
 Status = Literal["ok", "failed", "incomplete", "not_sent"]
 
 

@@ -63,6 +63,8 @@ _LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
 
 
 def client_version() -> str:
+    """The client's own versions, stored with every result: two runs are comparable only if the client that
+    measured them is the same."""
     import aiohttp
 
     return f"dsv4lab {__version__} (python {platform.python_version()}, aiohttp {aiohttp.__version__})"

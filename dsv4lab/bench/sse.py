@@ -2,7 +2,7 @@
 
 TCP delivers a stream, not events: one read may end in the middle of an event, of a line, of a ``\\r\\n``
 pair or of a multi-byte UTF-8 character, and one event may be megabytes long. Clients that split on
-``data: `` per read, decode each read as UTF-8, or rescan the whole buffer per read get these wrong or get
+``data:`` per read, decode each read as UTF-8, or rescan the whole buffer per read get these wrong or get
 slow; this parser keeps undecoded bytes until a line is complete (a line ending is ASCII, so a complete
 line never ends inside a character) and only scans the bytes that are new.
 

@@ -20,6 +20,7 @@ from dsv4lab.errors import BenchError
 
 __all__ = ["RESULTS_FILE", "ResultStore"]
 
+#: The store's file name inside a run directory: one JSON object per run, appended.
 RESULTS_FILE = "bench_results.jsonl"
 
 

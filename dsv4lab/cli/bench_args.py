@@ -61,11 +61,13 @@ DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 128
 
 
 def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
+    """``dsv4lab bench``'s options, with ``bench_serving``'s names accepted beside dsv4lab's where they mean the
+    same, so a command line written for SGLang's client runs here unchanged."""
     p = ArgumentParser(
         prog=prog,
         description="Benchmark a running SGLang (or OpenAI-compatible) server: by URL, or by the run directory "
         "'dsv4lab launch' made (over an SSH tunnel with --host). Options named as in SGLang's bench_serving mean "
-        "what they mean there; the README's bench section lists where dsv4lab differs.",
+        "what they mean there; docs/benchmarks.md lists where dsv4lab differs.",
     )
     srv = p.add_argument_group("server")
     srv.add_argument("--url", "--base-url", dest="url", help="server base URL this machine reaches")
@@ -263,6 +265,8 @@ def _headers(items: Sequence[str]) -> dict[str, str]:
 
 
 def client_options(args: argparse.Namespace) -> ClientOptions:
+    """The client settings the parsed options ask for, checked together (``--backend`` and ``--api`` must
+    agree) before any request is sent."""
     api = args.api
     if args.backend is not None:
         if api is not None and api != API_OF_BACKEND[args.backend]:
@@ -303,6 +307,8 @@ def client_options(args: argparse.Namespace) -> ClientOptions:
 
 
 def load_spec(args: argparse.Namespace, first_level: int | None) -> LoadSpec:
+    """The load the parsed options ask for at concurrency ``first_level``; bad values are refused here, naming
+    the option, before the server is contacted."""
     if args.warmup < 0:
         raise ConfigError("--warmup", args.warmup, "an integer >= 0")
     if args.repeats < 1:

@@ -478,6 +478,8 @@ def _add_notebook_options(p: argparse.ArgumentParser, *, help_p: str = "a notebo
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every verb's parser in one tree: the command line, its ``--help`` and the docs' CLI page are built from
+    it, so they cannot disagree."""
     import dsv4lab
 
     parser = ArgumentParser(prog="dsv4lab", description=(dsv4lab.__doc__ or "").splitlines()[0] or None)
@@ -622,6 +624,8 @@ def _terminate_as_interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit status (``argv`` defaults to the process's arguments). SIGTERM is
+    handled as Ctrl-C, so a killed command still stops what it started."""
     import signal
     import threading
 

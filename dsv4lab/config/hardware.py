@@ -210,6 +210,7 @@ H200 = GPUSpec(
     interconnect="NVLink 4, 900 GB/s",
 )
 
+#: The GPU hosts preflight and the twin know, by name: one table, so both model the same machine.
 HARDWARE: dict[str, HardwareProfile] = {
     "rtx-pro-6000-x8": HardwareProfile(
         name="rtx-pro-6000-x8",
@@ -273,6 +274,7 @@ _DSV4_GRAPHS = GraphCoefficients(
     activation_gib_per_1k_tokens=0.3,
 )
 
+#: The models whose memory and timing dsv4lab models, by name (a config's ``model_path`` is matched to one).
 MODELS: dict[str, ModelProfile] = {
     "deepseek-v4-flash": ModelProfile(
         name="deepseek-v4-flash",
@@ -327,6 +329,8 @@ _MODEL_ALIASES = {m.hf_id.lower(): m.name for m in MODELS.values()}
 
 
 def hardware_profile(name: str) -> HardwareProfile:
+    """The profile called ``name`` (:data:`HARDWARE`); a typo is an :class:`~dsv4lab.errors.UnknownNameError`
+    offering the nearest name, since preflight and the twin must agree on one machine."""
     try:
         return HARDWARE[name]
     except KeyError:

@@ -20,6 +20,7 @@ from dsv4lab.rundir import RunLayout
 
 __all__ = ["Target", "render_argv", "render_env_file", "render_launch_script", "server_command"]
 
+#: What a launch script starts: SGLang itself, or the twin with the same flags.
 Target = Literal["sglang", "twin"]
 
 #: Module the twin is started as; it takes SGLang's launch flags.

@@ -44,6 +44,7 @@ def config_b_fixed() -> ServerConfig:
     return config_b().replace(mem_fraction_static=0.60, cuda_graph_max_bs=16)
 
 
+#: The story's configs by the names notebooks, campaign files and ``--preset`` use.
 PRESETS: dict[str, Callable[[], ServerConfig]] = {
     "config_a": config_a,
     "config_b": config_b,

@@ -507,6 +507,8 @@ def field_help(name: str) -> str:
 
 @dataclass(frozen=True)
 class ConfigChange:
+    """One field that differs between two configs, shown as a reader would write it (``(unset) -> 16``)."""
+
     field: str
     before: Any
     after: Any

@@ -160,6 +160,8 @@ _QUANT_0_5_16: tuple[str, ...] = (
     "humming",
 )
 
+#: The SGLang releases whose flags dsv4lab renders, oldest first; an unknown version renders as the newest
+#: one at or below it.
 RELEASES: tuple[SGLangRelease, ...] = (
     SGLangRelease(
         version="0.4.10",

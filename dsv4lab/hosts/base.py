@@ -425,7 +425,7 @@ class Host(ABC):
     def absolute_path(self, path: str) -> str:
         """An absolute path on the host: ``~/x`` and relative paths are taken from the login directory.
 
-        Run directories must be absolute: the launch script ``cd``s into its run directory and then
+        Run directories must be absolute: the launch script changes (``cd``) into its run directory and then
         writes its log there, so a relative path would point somewhere else by then.
         """
         if path.startswith("/"):

@@ -1,4 +1,4 @@
-"""SGLang message rules: the text after ``[ts ranks] `` -> one typed event, or None.
+"""SGLang message rules: the text after ``[ts ranks]`` -> one typed event, or None.
 
 One function, checked in the order lines are most frequent in a real log (batch stats first), each rule
 behind a substring test so that an uninteresting line costs a handful of ``in`` checks. Version

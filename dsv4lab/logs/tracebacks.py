@@ -24,7 +24,9 @@ _TB_HEAD = 8
 _TB_TAIL = 48
 #: Lines of exception message after the exception line (SGLang's hint block, wrapped messages).
 _MSG_TAIL = 12
+#: The lines that chain one traceback to the next: a chain is one error, its last exception the cause.
 CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+#: The first line of a Python traceback.
 TB_START = "Traceback (most recent call last)"
 #: Python's faulthandler dump (an abort or a hang): one stack per thread, frames without the comma.
 DUMP = ("Thread 0x", "Current thread 0x")

@@ -16,6 +16,7 @@ __all__ = ["PHASE_WORDS", "cause_sentence", "evidence_lines", "where"]
 _MAX_EVIDENCE = 60
 _MAX_EVIDENCE_CHARS = 600
 
+#: Each startup phase as a sentence names it ("died in CUDA graph capture").
 PHASE_WORDS = {
     Phase.STARTUP_OTHER: "startup (distributed init / setup)",
     Phase.WEIGHT_LOADING: "weight loading",
@@ -47,6 +48,7 @@ _NOT_GPU = (ErrorKind.HOST_MEMORY,)
 
 
 def where(phase: Phase | None) -> str:
+    """The phase in words, or an honest "a step the log does not show" when the log does not say."""
     return PHASE_WORDS[phase] if phase is not None else "a step the log does not show"
 
 

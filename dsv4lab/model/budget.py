@@ -74,6 +74,7 @@ CATEGORIES = ("other", "weights", "draft weights", "KV pool", "buffers", "graph 
 #: of everything allocated before it, so its 2 % is of the allocated total. Graph coefficients are
 #: calibrated estimates: on hardware the model was not calibrated for, expect more (see dsv4lab.model.calibration).
 REL_TOLERANCE = 0.02
+#: The fixed part of that tolerance, in GiB (see :data:`REL_TOLERANCE`).
 ABS_TOLERANCE_GIB = 0.1
 
 _DRAFT_CLASS = re.compile(r"nextn|eagle|mtp|draft|medusa|dspark", re.I)
@@ -190,6 +191,7 @@ def phases_from_log(log: LogSource | Iterable[Event], *, tz: _dt.tzinfo | None =
 
 
 def phases_frame(spans: Sequence[PhaseSpan]) -> pd.DataFrame:
+    """The startup phases as a table (phase, start, end, seconds): what the memory timeline draws as bands."""
     frame: pd.DataFrame = pd.DataFrame(
         [{"phase": s.name, "start": s.start, "end": s.end, "seconds": s.seconds} for s in spans],
         columns=["phase", "start", "end", "seconds"],

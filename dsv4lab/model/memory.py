@@ -99,6 +99,8 @@ class ResolvedSettings:
 def resolve_settings(
     config: ServerConfig, hardware: HardwareProfile, model: ModelProfile, release: SGLangRelease
 ) -> ResolvedSettings:
+    """What SGLang would pick for the config's unset fields on this hardware and release: the memory split
+    depends on those defaults, not on what the config leaves out."""
     gpu_gib = hardware.gpu.total_gib
     chunk_default, bs_default = _bucket(gpu_gib, config.tp, release)
     chunk = config.chunked_prefill_size if config.chunked_prefill_size is not None else chunk_default
@@ -138,6 +140,8 @@ class GraphNeed:
 
 
 def graph_needs(model: ModelProfile, settings: ResolvedSettings, release: SGLangRelease) -> tuple[GraphNeed, ...]:
+    """The CUDA-graph runners a config captures and the memory of each: speculative decoding adds verify and
+    draft graphs, which is why Config B runs out of memory where Config A fits."""
     g = model.graphs
     bs = settings.cuda_graph_max_bs
     if bs == 0:

@@ -61,6 +61,7 @@ __all__ = [
     "run_campaign",
 ]
 
+#: The campaign ``dsv4lab campaign`` and ``make demo`` run when no file is named: the story's.
 DEFAULT_CAMPAIGN = CAMPAIGNS / "story.toml"
 STATE_FILE = "campaign.json"
 
@@ -77,6 +78,8 @@ class CampaignStep:
 
 @dataclass(frozen=True)
 class Campaign:
+    """A campaign file, checked: its parameters, its steps in order, and what its index shows."""
+
     name: str
     title: str
     parameters: Mapping[str, Any]
@@ -209,6 +212,8 @@ class StepState:
 
 @dataclass
 class CampaignResult:
+    """Where a campaign run left its steps and its ``index.html``, and how each step ended."""
+
     campaign: Campaign
     folder: Path
     index: Path

@@ -36,6 +36,7 @@ __all__ = [
     "write_json_atomic",
 ]
 
+#: The file a step notebook writes its figures to, in its run dir: what a campaign's next step reads.
 RESULTS_FILE = "results.json"
 
 

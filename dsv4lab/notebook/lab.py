@@ -51,6 +51,7 @@ from dsv4lab.units import REAL, Clock
 __all__ = ["TARGETS", "Lab"]
 
 Target = Literal["twin", "sglang"]
+#: The values ``target=`` accepts: the twin, or SGLang itself.
 TARGETS: tuple[Target, ...] = ("twin", "sglang")
 
 #: Ports tried before a launch gives up (each taken one is skipped).

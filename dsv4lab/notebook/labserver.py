@@ -83,6 +83,7 @@ def notebook_folder(path: str | Path | None) -> Path:
 
 
 def free_port() -> int:
+    """A port free on loopback now, for JupyterLab (it binds 127.0.0.1 only)."""
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])

@@ -43,6 +43,7 @@ __all__ = [
     "scrub_home",
 ]
 
+#: Where nbconvert finds the report template (the package's own templates).
 TEMPLATE_DIR = TEMPLATES
 TEMPLATE = "dsv4lab_report"
 

@@ -42,6 +42,8 @@ __all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_te
 
 @dataclass
 class SweepPoint:
+    """One point of the grid: its parameters, what the memory model predicted, and how its run ended."""
+
     parameters: dict[str, Any]
     predicted: str = ""
     status: str = "pending"  # ok | failed | skipped
@@ -56,6 +58,8 @@ class SweepPoint:
 
 @dataclass
 class SweepResult:
+    """A finished sweep: its points, what they share, and its ``index.html``."""
+
     notebook: str
     folder: Path
     index: Path

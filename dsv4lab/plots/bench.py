@@ -25,7 +25,9 @@ from dsv4lab.units import Clock, fmt_ms
 
 __all__ = ["axis_title", "latency_distributions", "request_timeline", "roofline_gap", "throughput_vs_concurrency"]
 
+#: The throughput axis's title for a real server's figures.
 MEASURED = "output throughput (tok/s)"
+#: The throughput axis's title for twin figures converted to the modelled hardware, so a chart says which.
 MODELLED = "output throughput (tok/s, modelled hardware)"
 
 _VERDICT_WORDS = {"better": "better", "worse": "worse", "no detectable difference": "no detectable difference"}

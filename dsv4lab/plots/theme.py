@@ -27,11 +27,15 @@ __all__ = [
     "register_theme",
 ]
 
+#: The name the theme is registered under with Altair.
 THEME = "dsv4lab"
+#: A font stack every renderer has: DejaVu Sans on Linux, Helvetica or Arial elsewhere.
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
+#: Default chart width in pixels.
 WIDTH = 640
 HEIGHT = 300
 
+#: Okabe & Ito's colour-blind-safe palette, by name: the source of every colour that carries a meaning.
 OKABE_ITO = {
     "black": "#000000",
     "orange": "#E69F00",
@@ -45,6 +49,7 @@ OKABE_ITO = {
 #: Paul Tol's muted scheme: nine distinct series colours.
 GPU_COLORS = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
 
+#: One colour per memory-budget category, the same in every chart.
 BUDGET_COLORS = {
     "other": "#BBBBBB",
     "weights": OKABE_ITO["blue"],
@@ -56,6 +61,7 @@ BUDGET_COLORS = {
     "short": OKABE_ITO["vermillion"],
 }
 
+#: One colour per startup phase (the memory timeline's bands), matching the budget categories they fill.
 PHASE_COLORS = {
     "init": "#BBBBBB",
     "weights": OKABE_ITO["blue"],
@@ -69,6 +75,7 @@ PHASE_COLORS = {
     "crash": OKABE_ITO["vermillion"],
 }
 
+#: One colour per kernel kind in the kernel breakdown.
 KIND_COLORS = {
     "attention": OKABE_ITO["vermillion"],
     "moe": OKABE_ITO["blue"],
@@ -82,6 +89,7 @@ CONFIG_COLORS = (OKABE_ITO["blue"], OKABE_ITO["orange"], OKABE_ITO["green"], OKA
 
 
 def config_colors(names: Sequence[str]) -> list[str]:
+    """Colours for configs in the order given, so A and B keep theirs across a campaign's charts."""
     return [CONFIG_COLORS[i % len(CONFIG_COLORS)] for i in range(len(names))]
 
 

@@ -40,6 +40,8 @@ _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 
 def kind_of(name: str) -> str:
+    """The kind of a kernel by its name (attention, moe, gemm, allreduce, other): the breakdown's rows, which
+    read the same across GPU generations whose kernel names differ."""
     for kind, pattern in _KINDS:
         if pattern.search(name):
             return kind

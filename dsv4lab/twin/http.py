@@ -87,6 +87,8 @@ def _error(message: str, status: int = 400) -> web.Response:
 
 
 def build_app(state: ServerState) -> web.Application:
+    """The twin's HTTP server: SGLang's endpoints for the emulated release (its names and its answers), so a
+    client cannot tell the twin from SGLang."""
     release = state.release
     new_names = release.key >= (0, 5, 16)
 

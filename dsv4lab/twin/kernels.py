@@ -32,6 +32,7 @@ _SHAPES: dict[str, tuple[tuple[int, int], ...]] = {
 
 
 def config_file_name(n: int, k: int, hardware: HardwareProfile) -> str:
+    """The file name SGLang looks up for a tuned FP8 block-GEMM config of this shape on this GPU."""
     return f"N={n},K={k},device_name={hardware.gpu_name_as_file()},dtype=fp8_w8a8,block_shape=[128, 128].json"
 
 

@@ -22,6 +22,7 @@ from dsv4lab.config.versions import SGLangRelease
 
 __all__ = ["GiB", "LogWriter", "Progress", "Rank", "fmt_gb", "format_size", "rank_prefix"]
 
+#: Bytes in a GiB: SGLang's log figures are GiB ("GB" in its text).
 GiB = 1024**3
 
 

@@ -38,6 +38,8 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 
 @dataclass(frozen=True)
 class Child:
+    """A forked process of the twin's tree (a scheduler rank, the detokenizer), by the name SGLang gives it."""
+
     name: str
     pid: int
 

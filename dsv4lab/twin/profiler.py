@@ -46,6 +46,8 @@ def kernel_names(hardware: HardwareProfile) -> dict[str, str]:
 
 @dataclass
 class Profiler:
+    """A profile in progress: the steps recorded between ``/start_profile`` and ``/stop_profile``."""
+
     hardware: HardwareProfile
     active: bool = False
     steps: list[tuple[float, StepCost | None, float]] = field(default_factory=list)

@@ -91,6 +91,9 @@ class Request:
 
 @dataclass(frozen=True)
 class SchedulerLimits:
+    """The limits SGLang's scheduler works within, resolved from the config: they shape batching and so the
+    twin's throughput."""
+
     max_running_requests: int
     max_total_tokens: int
     chunked_prefill_size: int

@@ -19,6 +19,7 @@ from dsv4lab.twin.faults import Fault, parse_fault
 
 __all__ = ["DEFAULT_HARDWARE", "TwinSettings", "default_state_dir"]
 
+#: The hardware a twin models when ``DSV4LAB_TWIN_HARDWARE`` is unset: the story's host.
 DEFAULT_HARDWARE = "rtx-pro-6000-x8"
 
 

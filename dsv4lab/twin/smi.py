@@ -48,6 +48,7 @@ __all__ = [
 
 #: Environment variables that pick one twin among several running on the machine.
 SELECT_PORT_ENV = "DSV4LAB_TWIN_SMI_PORT"
+#: The twin's main PID, when its port is not known (see :data:`SELECT_PORT_ENV`).
 SELECT_PID_ENV = "DSV4LAB_TWIN_SMI_PID"
 
 #: Seconds (at time scale 1) a dead twin's GPU memory stays in use while the driver releases it [E].
@@ -76,6 +77,8 @@ def write_main_state(
     *,
     port: int | None = None,
 ) -> None:
+    """A twin's own entry for the stand-in: its hardware, GPUs, port and utilization, so ``nvidia-smi`` on a
+    machine running several twins can tell them apart."""
     _atomic_write(
         state_dir / f"twin-{main_pid}.json",
         {
@@ -107,6 +110,7 @@ def release_state(state_dir: Path, main_pid: int, after_s: float) -> None:
 
 
 def write_gpu_state(state_dir: Path, main_pid: int, gpu: int, used_mib: float) -> None:
+    """A rank's memory in use now, for the stand-in to report; written whole, so a reader never sees half."""
     _atomic_write(state_dir / f"twin-{main_pid}.gpu{gpu}.json", {"used_mib": used_mib, "updated": time.time()})
 
 
@@ -118,6 +122,8 @@ def remove_state(state_dir: Path, main_pid: int) -> None:
 
 @dataclass(frozen=True)
 class GpuRow:
+    """One GPU as ``nvidia-smi --query-gpu`` reports it."""
+
     index: int
     name: str
     memory_used_mib: int
@@ -297,6 +303,8 @@ def _ids(value: str | None) -> set[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``nvidia-smi``'s command line, the part dsv4lab's sampler and people use (``--query-gpu``, ``-lms``),
+    answered from the running twins' state files."""
     args = list(sys.argv[1:] if argv is None else argv)
     fields: list[str] | None = None
     fmt: list[str] = ["csv"]

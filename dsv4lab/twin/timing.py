@@ -31,6 +31,7 @@ from dsv4lab.config.server_config import SpeculativeConfig
 
 __all__ = ["EAGER_FLOOR_FACTOR", "SpeedDrift", "StepCost", "TimingModel", "distinct_experts"]
 
+#: How much longer a step's fixed launch overhead is without CUDA graphs (every kernel launched one by one).
 EAGER_FLOOR_FACTOR = 2.0
 
 
@@ -70,6 +71,9 @@ class StepCost:
 
 @dataclass(frozen=True)
 class TimingModel:
+    """How long a decode step or a prefill takes for this model, hardware and config: the roofline-style
+    costs the twin sleeps for, so throughput emerges from the config instead of being typed in."""
+
     hardware: HardwareProfile
     model: ModelProfile
     tp: int

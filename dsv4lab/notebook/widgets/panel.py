@@ -54,6 +54,7 @@ PROMINENT = (
     "kv_cache_dtype",
 )
 
+#: The presets as the story names them, in the panel's dropdown.
 PRESET_LABELS = {"config_a": "Config A", "config_b": "Config B", "config_b_fixed": "Config B-fixed"}
 
 #: A nested block whose switch field is unset is off: its other fields are not applied (and greyed out),
