@@ -630,7 +630,7 @@ COMPARE_ROWS: dict[str, tuple[dict[str, Any], str, Any, str]] = {
     "only the port changed": ({"port": 31555}, "b", "config_a+port=31555", "differs from A"),
     "an override of the wrong type": ({"cuda_graph_max_bs": "lots"}, "cuda_graph_max_bs", "lots", "an integer"),
     "an unknown field": ({"mem_fractio": 0.6}, "mem_fractio", 0.6, "a config field to change in B (model_path"),
-    "a typo of a keyword": ({"repeat": 1, "tp": 4}, "repeat", 1, "or one of compare's keywords (names, a_overrides"),
+    "a typo of a keyword": ({"repeat": 1, "tp": 4}, "repeat", 1, "or one of launch_ab's keywords (names, a_overrides"),
     "an a_override out of range": (
         {"a_overrides": {"mem_fraction_static": 1.5}, "b": "config_b_fixed"},
         "mem_fraction_static",

@@ -18,6 +18,9 @@ from dsv4lab.bench.results import Provenance
 from dsv4lab.bench.workload import shared_prefix_workload
 from dsv4lab.hosts import Host, LocalHost
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 
 def line(label: str, value: object) -> str:
     return f"{label:<40} {value!s:<10}"
@@ -281,6 +284,7 @@ def test_build_argv_per_workload() -> None:
 
 FAKE_SGLANG = """
 import json, sys
+
 argv = sys.argv[1:]
 out = argv[argv.index("--output-file") + 1]
 with open(out + ".argv", "w") as f:

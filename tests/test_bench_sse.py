@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -108,31 +109,50 @@ class Sink:
         self.ended = True
 
 
-async def serve_raw(pieces: list[bytes], *, close: bool = True) -> tuple[asyncio.Server, int]:
-    """A server that answers any request with ``pieces``, written separately with pauses between."""
+class RawServer:
+    """A server that answers any request with ``pieces``, written separately with pauses between; ``close``
+    closes each connection after its answer (else the client reads until it has what it needs)."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, pieces: list[bytes], *, close: bool = True) -> None:
+        self.pieces, self.close_after = pieces, close
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
         await reader.readuntil(b"\r\n\r\n")
-        for piece in pieces:
+        for piece in self.pieces:
             writer.write(piece)
             await writer.drain()
             await asyncio.sleep(0.002)
-        if close:
+        if self.close_after:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
+    async def stop(self) -> None:
+        """Every connection closed and waited for, then the listener: nothing left for the loop's end."""
+        for writer in self.writers:
+            writer.close()
+            with contextlib.suppress(OSError, ConnectionError):
+                await writer.wait_closed()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
 
 
 async def fetch(pieces: list[bytes], *, close: bool = True) -> Sink:
-    server, port = await serve_raw(pieces, close=close)
+    server = RawServer(pieces, close=close)
+    port = await server.start()
     pool = ConnectionPool(Endpoint.parse(f"http://127.0.0.1:{port}"), connect_timeout_s=5)
     sink = Sink()
     try:
         await pool.request(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", sink, timeout_s=10)
     finally:
         pool.close()
-        server.close()
+        await server.stop()
     return sink
 
 

@@ -21,6 +21,9 @@ from dsv4lab.serving.launch import ServerHandle, launch
 from dsv4lab.serving.watch import wait_ready
 from tests.sshd import SSHD, free_port
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS = "gpubox"
 

@@ -30,6 +30,9 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 import publicapi  # noqa: E402 - docs/_ext is put on the path above
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 #: A cold build takes about 30-50 s on two busy cores; this bound only catches a build that hangs.
 BUILD_TIMEOUT_S = 300
 

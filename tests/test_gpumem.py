@@ -34,6 +34,9 @@ from dsv4lab.serving.launch import ServerHandle, launch
 from dsv4lab.serving.watch import Verdict, wait_ready
 from tests.sshd import SSHD, free_port
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 SCALE = 0.1  # a story startup takes about three seconds; phases last several samples at 50 ms
 
 

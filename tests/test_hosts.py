@@ -19,6 +19,9 @@ from dsv4lab.errors import CommandError, HostConnectionError, HostKeyError
 from dsv4lab.hosts import Host, LocalHost, LogLine, SSHHost, fingerprint, resolve_target
 from tests.sshd import SSHD
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 
 def _wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout_s

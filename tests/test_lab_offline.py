@@ -16,6 +16,9 @@ import pytest
 from dsv4lab.notebook.labserver import DISABLED_PLUGINS, LAB_CONFIG_DIR, LabServer, lab_argv, lab_env, start_lab
 from tests.browser import launch_chromium, require_browser
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
 
 

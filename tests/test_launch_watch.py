@@ -31,6 +31,9 @@ from dsv4lab.serving.launch import (
 from dsv4lab.serving.watch import Verdict, wait_ready, wait_ready_all
 from tests.sshd import SSHD, free_port
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 SCALE = "0.02"  # twin durations x 0.02: a story startup takes about a second
 
 

@@ -23,7 +23,7 @@ from tests.figures import problems, read_page
 
 #: The campaigns take the host's campaign lock and the module's campaign fixture must run once: `make test`
 #: gives each file to one pytest-xdist worker (--dist loadfile), and this one is scheduled first.
-pytestmark = pytest.mark.campaign
+pytestmark = [pytest.mark.campaign, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 STORY = [

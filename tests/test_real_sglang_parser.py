@@ -19,6 +19,9 @@ from dsv4lab.config.presets import config_a, config_b, config_b_fixed
 from dsv4lab.config.server_config import ServerConfig, SpeculativeConfig
 from tests.conftest import require
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 PARSERS = Path(os.environ.get("SGLANG_PARSERS_DIR", ROOT / ".cache" / "sglang-parsers"))
 CHECKER = ROOT / "tools" / "sglang_argv_check.py"

@@ -231,6 +231,7 @@ def test_the_token_reaches_the_server_and_only_env_sh_keeps_it(notebook_run: Any
     assert "careless print of the token: [redacted]" in nb_text
 
 
+@pytest.mark.slow
 def test_run_files_are_private_and_the_report_still_opens(notebook_run: Any, tmp_path: Path) -> None:
     run = notebook_run
     assert mode(run.run_dir) == 0o700
@@ -249,6 +250,7 @@ def test_run_files_are_private_and_the_report_still_opens(notebook_run: Any, tmp
     assert "careless print" in check.text and check.requests[1:] == [run.report.parent.as_uri() + "/x"]
 
 
+@pytest.mark.slow
 def test_the_report_shows_log_html_as_text_runs_no_script_and_no_home_paths(notebook_run: Any) -> None:
     from tests.browser import launch_chromium
 
@@ -278,6 +280,7 @@ def test_the_report_shows_log_html_as_text_runs_no_script_and_no_home_paths(note
     assert "<script>alert(1)</script> injected into the server log" in body
 
 
+@pytest.mark.slow
 def test_the_cli_launch_of_the_issue_keeps_the_token_in_env_sh_only(tmp_path: Path) -> None:
     """`dsv4lab launch --set env.HF_TOKEN=hf_... --twin --run-dir D`: config.toml, handle.json and the printed
     handle are redacted, env.sh holds the token 0600, the run dir is 0700, the twin listens on 127.0.0.1 only."""
@@ -301,6 +304,7 @@ def test_the_cli_launch_of_the_issue_keeps_the_token_in_env_sh_only(tmp_path: Pa
         handle.stop(grace_s=2.0)
 
 
+@pytest.mark.slow
 def test_the_copies_a_server_fetches_from_a_remote_host_are_redacted(sshd: SSHD, tmp_path: Path) -> None:
     """Over SSH: the remote run dir is 0700 with 0600 files (env.sh too), and the local copies hold no token."""
     from dsv4lab.notebook.lab import Lab
@@ -338,6 +342,7 @@ def test_ssh_port_forwards_listen_on_loopback_only(ssh_host: SSHHost) -> None:
         assert sockets == [("127.0.0.1", fwd.local_port)]
 
 
+@pytest.mark.slow
 def test_dsv4lab_lab_binds_loopback_with_a_token(tmp_path: Path) -> None:
     from dsv4lab.notebook.labserver import start_lab
 
@@ -419,6 +424,7 @@ _HOSTILE = st.lists(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(words=st.lists(_HOSTILE, min_size=1, max_size=3))
+@pytest.mark.slow
 def test_remote_commands_are_argv_lists_quoted_byte_for_byte(
     ssh_host: SSHHost, tmp_path: Path, words: list[str]
 ) -> None:

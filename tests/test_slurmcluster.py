@@ -23,6 +23,9 @@ from tests.conftest import require
 from tests.slurmcluster import SlurmCluster, free_ports, slurm_missing
 from tests.sshd import SSHD
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 REFUSED_NODE_CONFIG = "sbatch: error: Batch job submission failed: Requested node configuration is not available"
 REFUSED_PARTITION = (
     "sbatch: error: invalid partition specified: nosuch\n"

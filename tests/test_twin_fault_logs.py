@@ -17,6 +17,9 @@ import pytest
 
 from dsv4lab.logs import diagnose
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "tests" / "data" / "logs" / "twin_faults"
 

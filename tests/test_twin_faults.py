@@ -15,6 +15,9 @@ import pytest
 
 from tests.test_twin_support import check_log, descendants, free_port, running_twin, twin_env, wait_for, wait_healthy
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 TINY = ["--model-path", "dsv4lab/tiny-moe", "--tp-size", "2"]
 EXIT_TIMEOUT_S = 30.0
 

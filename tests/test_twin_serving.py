@@ -16,6 +16,9 @@ import pytest
 
 from tests.test_twin_support import PY, ROOT, check_log, free_port, running_twin, twin_env, wait_healthy
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 TINY = ["--model-path", "dsv4lab/tiny-moe", "--tp-size", "2"]
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
 

@@ -23,6 +23,9 @@ from dsv4lab.rundir import RunLayout
 from dsv4lab.twin.kernels import config_file_name
 from tests.test_twin_support import PY, check_log, free_port, kill_tree, wait_for
 
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
 SCALE = "0.02"
 TIMEOUT_S = 40.0
 

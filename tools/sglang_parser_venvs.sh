@@ -13,6 +13,8 @@
 #   SGLANG_PARSER_TORCH_WHEEL  CPU torch wheel to install (never taken from PyPI,
 #                              whose Linux torch is a CUDA build)
 #   PYTHON                     interpreter for the venvs (default: python3.11, else python3)
+#   UV                         uv to create and fill the venvs with (default: uv on PATH; without it,
+#                              venv and pip: several times slower, the same venvs)
 #
 # Idempotent: a venv whose checker already answers ok for its version is kept;
 # anything else in its place is removed and rebuilt.
@@ -26,6 +28,20 @@ torch_wheel="${SGLANG_PARSER_TORCH_WHEEL:-/opt/wheels/torch-2.13.0+cpu-cp311-cp3
 if [[ -z "${PYTHON:-}" ]]; then
     if command -v python3.11 >/dev/null 2>&1; then PYTHON="python3.11"; else PYTHON="python3"; fi
 fi
+uv="${UV:-$(command -v uv || true)}"
+
+# A venv, and installs into it: uv when there is one (seconds, downloads in parallel), else venv and pip.
+make_venv() {
+    if [[ -n "${uv}" ]]; then "${uv}" venv -q --seed --python "${PYTHON}" "$1"; else "${PYTHON}" -m venv "$1"; fi
+}
+pip_install() {
+    local venv="$1"; shift
+    if [[ -n "${uv}" ]]; then
+        "${uv}" pip install -q --python "${venv}/bin/python" "$@"
+    else
+        "${venv}/bin/python" -m pip install -q --disable-pip-version-check "$@"
+    fi
+}
 
 known_versions=("0.4.10.post2" "0.5.4.post3" "0.5.16" "0.5.23")
 if [[ "$#" -gt 0 ]]; then versions=("$@"); else versions=("${known_versions[@]}"); fi
@@ -80,7 +96,7 @@ ensure_bench_deps() {
     [[ "${#bench_deps[@]}" -gt 0 ]] || return 0
     if "${py}" -c 'import transformers, tokenizers' >/dev/null 2>&1; then return 0; fi
     echo "sglang ${version}: adding the bench_serving client's deps to ${venv}"
-    "${py}" -m pip install -q --disable-pip-version-check -c "${venv}/torch-constraint.txt" "${bench_deps[@]}"
+    pip_install "${venv}" -c "${venv}/torch-constraint.txt" "${bench_deps[@]}"
 }
 
 venv_works() {
@@ -98,18 +114,18 @@ build_venv() {
         return 1
     fi
     rm -rf "${venv}"
-    "${PYTHON}" -m venv "${venv}"
-    "${py}" -m pip install -q --disable-pip-version-check --no-deps "sglang==${version}"
-    "${py}" -m pip install -q --disable-pip-version-check "${torch_wheel}"
+    make_venv "${venv}"
+    pip_install "${venv}" --no-deps "sglang==${version}"
+    pip_install "${venv}" "${torch_wheel}"
     torch_version="$("${py}" -c 'import importlib.metadata as m; print(m.version("torch"))')"
     constraints="${venv}/torch-constraint.txt"
     # Nothing installed later may swap the CPU torch for a CUDA one.
     printf 'torch==%s\n' "${torch_version}" >"${constraints}"
     # (pip's resolver complains about sglang's own, deliberately missing,
     # requirements; that warning is expected.)
-    "${py}" -m pip install -q --disable-pip-version-check -c "${constraints}" "${deps[@]}"
+    pip_install "${venv}" -c "${constraints}" "${deps[@]}"
     if [[ "${#deps_nodeps[@]}" -gt 0 ]]; then
-        "${py}" -m pip install -q --disable-pip-version-check --no-deps "${deps_nodeps[@]}"
+        pip_install "${venv}" --no-deps "${deps_nodeps[@]}"
     fi
     if "${py}" -m pip list --disable-pip-version-check 2>/dev/null | grep -qiE '^(nvidia-|triton )'; then
         echo "sglang_parser_venvs: ${venv} gained CUDA packages; refusing it" >&2
