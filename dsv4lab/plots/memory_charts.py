@@ -570,6 +570,31 @@ def memory_budget(
     ``{"Config A": (preflight, observed), ...}``. ``gpus="focus"`` shows each config's failing GPU (else its
     tightest); ``"all"`` every GPU; or a list of indices.
     """
+    frame = _budget_panels(_budget_input(data), gpus)
+    panels = list(dict.fromkeys(frame["panel"]))
+    total = float(frame["total_gib"].dropna().max()) if frame["total_gib"].notna().any() else None
+    frame = frame.merge(_bar_tops(frame), on=["panel", "source"], how="left")
+    chart = alt.layer(*_budget_layers(frame, total)).properties(width=150, height=360)
+    faceted: alt.FacetChart = (
+        chart.facet(
+            column=alt.Column(
+                "panel:N", title=None, sort=panels, header=alt.Header(labelFontSize=13, labelFontWeight="bold")
+            ),
+            spacing=18,
+        )
+        .resolve_scale(x="independent")
+        .properties(
+            title=alt.Title(
+                _budget_title(frame) if title is None else title if isinstance(title, str) else list(title),
+                subtitle=_budget_subtitle(frame, total),
+            )
+        )
+    )
+    return faceted
+
+
+def _budget_input(data: BudgetInput) -> pd.DataFrame:
+    """One tidy budget frame, from budget_frame output or a mapping of configs to (preflight, observed)."""
     if isinstance(data, Mapping):
         frames = [budget_frame(p, o, config=name) for name, (p, o) in data.items()]
         frame = pd.concat([f for f in frames if not f.empty], ignore_index=True) if frames else pd.DataFrame()
@@ -577,9 +602,13 @@ def memory_budget(
         frame = data.copy()
     if frame.empty:
         raise PlotError("no budget to draw: give a preflight, an observed budget or both for at least one config")
-    configs = list(dict.fromkeys(frame["config"]))
+    return frame
+
+
+def _budget_panels(frame: pd.DataFrame, gpus: str | Sequence[int]) -> pd.DataFrame:
+    """The chosen GPUs of each config, each a panel (``config · GPU n``), with the bars' notes."""
     parts = []
-    for name in configs:
+    for name in dict.fromkeys(frame["config"]):
         f = frame[frame["config"] == name]
         if gpus == "focus":
             chosen = [_focus_gpu(f)]
@@ -588,21 +617,28 @@ def memory_budget(
         else:
             chosen = [int(g) for g in gpus if g in set(f["gpu"])]
         parts.append(f[f["gpu"].isin(chosen)])
-    frame = pd.concat(parts, ignore_index=True)
-    if frame.empty:
+    out: pd.DataFrame = pd.concat(parts, ignore_index=True)
+    if out.empty:
         raise PlotError(f"none of the GPUs {gpus} is in the budget")
-    frame["panel"] = [f"{c} · GPU {g}" if c else f"GPU {g}" for c, g in zip(frame["config"], frame["gpu"], strict=True)]
-    frame["gib"] = frame["gib"].round(3)
-    frame["note"] = np.where(frame["estimated"], "copied from TP rank 0 (not logged by this rank)", "")
-    panels = list(dict.fromkeys(frame["panel"]))
-    tops = pd.DataFrame(
+    out["panel"] = [f"{c} · GPU {g}" if c else f"GPU {g}" for c, g in zip(out["config"], out["gpu"], strict=True)]
+    out["gib"] = out["gib"].round(3)
+    out["note"] = np.where(out["estimated"], "copied from TP rank 0 (not logged by this rank)", "")
+    return out
+
+
+def _bar_tops(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each bar's height and the label over it."""
+    tops: pd.DataFrame = pd.DataFrame(
         [
             {"panel": panel, "source": source, "top": float(g["gib"].sum()), "label": _bar_label(g, str(source))}
             for (panel, source), g in frame.groupby(["panel", "source"], sort=False)
         ]
     )
-    total = float(frame["total_gib"].dropna().max()) if frame["total_gib"].notna().any() else None
-    frame = frame.merge(tops, on=["panel", "source"], how="left")
+    return tops
+
+
+def _budget_layers(frame: pd.DataFrame, total: float | None) -> list[alt.Chart]:
+    """The stacked bars, the label over each, and the card's capacity as a dashed rule."""
     cats = [c for c in CATEGORIES if c in set(frame["category"])]
     y_max = float(frame["top"].max()) * 1.12
     base = alt.Chart(frame)
@@ -632,15 +668,17 @@ def memory_budget(
         .mark_text(baseline="bottom", dy=-5, fontSize=11, fontWeight="bold", color="#222222")
         .encode(x=x, y=alt.Y("top:Q"), text="label:N")
     )
-    layers: list[Any] = [bars, labels]
+    layers = [bars, labels]
     if total is not None:
         layers.append(
             base.transform_filter(alt.datum.order == 0)
             .mark_rule(color="#222222", strokeDash=[6, 3], strokeWidth=1.2)
             .encode(y=alt.datum(total))
         )
-    if title is None:
-        title = _budget_title(frame)
+    return layers
+
+
+def _budget_subtitle(frame: pd.DataFrame, total: float | None) -> list[str]:
     subtitle = ["left bar: memory model (preflight) · right bar: what the server log reports · labels in GiB"]
     notes = []
     if total is not None:
@@ -649,18 +687,7 @@ def memory_budget(
         notes.append("pale: not logged by this GPU's rank, taken from TP rank 0")
     if notes:
         subtitle.append(" · ".join(notes))
-    chart = alt.layer(*layers).properties(width=150, height=360)
-    faceted: alt.FacetChart = (
-        chart.facet(
-            column=alt.Column(
-                "panel:N", title=None, sort=panels, header=alt.Header(labelFontSize=13, labelFontWeight="bold")
-            ),
-            spacing=18,
-        )
-        .resolve_scale(x="independent")
-        .properties(title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle))
-    )
-    return faceted
+    return subtitle
 
 
 def _budget_title(frame: pd.DataFrame) -> str:
