@@ -67,56 +67,79 @@ def build_argv(
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """SGLang's benchmark command line for this workload and load."""
-    p = workload.params
-    kind = p.get("kind")
     argv = [*python, "-m", module, "--backend", BACKENDS[options.api], "--base-url", base_url]
     argv += ["--num-prompts", str(len(workload)), "--seed", str(workload.seed)]
-    if kind == "random":
-        argv += [
-            "--dataset-name",
-            "random-ids",
-            "--random-input-len",
-            str(p["input_len"]),
-            "--random-output-len",
-            str(p["output_len"]),
-            "--random-range-ratio",
-            repr(float(p["range_ratio"])),
-        ]
-    elif kind == "shared_prefix":
-        argv += [
-            "--dataset-name",
-            "generated-shared-prefix",
-            "--gsp-num-groups",
-            str(p["num_groups"]),
-            "--gsp-prompts-per-group",
-            str(p["prompts_per_group"]),
-            "--gsp-system-prompt-len",
-            str(p["prefix_len"]),
-            "--gsp-question-len",
-            str(p["suffix_len"]),
-            "--gsp-output-len",
-            str(p["output_len"]),
-        ]
-    elif kind == "sharegpt":
-        if dataset_path is None:
-            raise RemoteBenchError("a ShareGPT workload needs the dataset file on the host (dataset_path)")
-        argv += ["--dataset-name", "sharegpt", "--dataset-path", dataset_path]
-        if p.get("output_len") is not None:
-            argv += ["--sharegpt-output-len", str(p["output_len"])]
-        if p.get("context_len") is not None:
-            argv += ["--sharegpt-context-len", str(p["context_len"])]
-    else:
-        raise RemoteBenchError(f"SGLang's benchmark cannot reproduce a {kind!r} workload")
-    if load.burstiness != 1.0:
-        raise RemoteBenchError("SGLang's benchmark client has Poisson arrivals only (burstiness 1.0)")
-    argv += ["--request-rate", "inf" if math.isinf(load.request_rate) else repr(load.request_rate)]
-    if load.concurrency is not None:
-        argv += ["--max-concurrency", str(load.concurrency)]
-    argv += ["--warmup-requests", str(load.warmup)]
+    argv += _dataset_args(workload, dataset_path)
+    argv += _load_args(load)
     if options.model:
         argv += ["--model", options.model]
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
+    argv += _request_args(options, module)
+    if load.flush_cache:
+        argv.append("--flush-cache")
+    if options.extra_body:
+        argv += ["--extra-request-body", json.dumps(dict(options.extra_body))]
+    argv += ["--output-file", output_file, "--output-details", "--disable-tqdm", *extra_args]
+    return argv
+
+
+def _dataset_args(workload: Workload, dataset_path: str | None) -> list[str]:
+    """bench_serving's dataset for each kind of workload dsv4lab generates (it has no other)."""
+    p = workload.params
+    match p.get("kind"):
+        case "random":
+            return [
+                "--dataset-name",
+                "random-ids",
+                "--random-input-len",
+                str(p["input_len"]),
+                "--random-output-len",
+                str(p["output_len"]),
+                "--random-range-ratio",
+                repr(float(p["range_ratio"])),
+            ]
+        case "shared_prefix":
+            return [
+                "--dataset-name",
+                "generated-shared-prefix",
+                "--gsp-num-groups",
+                str(p["num_groups"]),
+                "--gsp-prompts-per-group",
+                str(p["prompts_per_group"]),
+                "--gsp-system-prompt-len",
+                str(p["prefix_len"]),
+                "--gsp-question-len",
+                str(p["suffix_len"]),
+                "--gsp-output-len",
+                str(p["output_len"]),
+            ]
+        case "sharegpt":
+            if dataset_path is None:
+                raise RemoteBenchError("a ShareGPT workload needs the dataset file on the host (dataset_path)")
+            argv = ["--dataset-name", "sharegpt", "--dataset-path", dataset_path]
+            if p.get("output_len") is not None:
+                argv += ["--sharegpt-output-len", str(p["output_len"])]
+            if p.get("context_len") is not None:
+                argv += ["--sharegpt-context-len", str(p["context_len"])]
+            return argv
+        case kind:
+            raise RemoteBenchError(f"SGLang's benchmark cannot reproduce a {kind!r} workload")
+
+
+def _load_args(load: LoadSpec) -> list[str]:
+    if load.burstiness != 1.0:
+        raise RemoteBenchError("SGLang's benchmark client has Poisson arrivals only (burstiness 1.0)")
+    argv = ["--request-rate", "inf" if math.isinf(load.request_rate) else repr(load.request_rate)]
+    if load.concurrency is not None:
+        argv += ["--max-concurrency", str(load.concurrency)]
+    return [*argv, "--warmup-requests", str(load.warmup)]
+
+
+def _request_args(options: ClientOptions, module: str) -> list[str]:
+    """EOS, streaming, sampling and headers; what the old module lacks, and an API key on the command line,
+    are refused."""
+    argv = []
     if not options.ignore_eos:
         argv.append("--disable-ignore-eos")
     if not options.stream:
@@ -136,11 +159,6 @@ def build_argv(
             "SGLang's benchmark reads the API key from OPENAI_API_KEY in its environment; set it on the host "
             "instead of passing it on a command line other users can read"
         )
-    if load.flush_cache:
-        argv.append("--flush-cache")
-    if options.extra_body:
-        argv += ["--extra-request-body", json.dumps(dict(options.extra_body))]
-    argv += ["--output-file", output_file, "--output-details", "--disable-tqdm", *extra_args]
     return argv
 
 
@@ -377,45 +395,84 @@ def run_remote(
     ``http://127.0.0.1:30000``) and return its result. ``timeout_s`` bounds the whole run."""
     load = load or LoadSpec()
     options = options or ClientOptions()
-    release = resolve_release(sglang_version)
+    module = resolve_release(sglang_version).bench_module
     py = shlex.split(python) if isinstance(python, str) else list(python)
     host.makedirs(work_dir, timeout_s=60.0)
     run_id = uuid.uuid4().hex[:12]
-    output_file = f"{work_dir.rstrip('/')}/sglang_bench_{run_id}.jsonl"
-    dataset_path = None
-    if workload.params.get("kind") == "sharegpt":
-        dataset_path = f"{work_dir.rstrip('/')}/sharegpt_{run_id}.json"
-        host.put(str(workload.params["path"]), dataset_path)
+    prefix = f"{work_dir.rstrip('/')}/sglang_bench_{run_id}"
+    output_file = f"{prefix}.jsonl"
     argv = build_argv(
         python=py,
-        module=release.bench_module,
+        module=module,
         base_url=base_url,
         workload=workload,
         load=load,
         options=options,
         output_file=output_file,
-        dataset_path=dataset_path,
+        dataset_path=_stage_dataset(host, workload, f"{work_dir.rstrip('/')}/sharegpt_{run_id}.json"),
         tokenizer=tokenizer,
         extra_args=extra_args,
     )
-    result = _run_detached(host, argv, f"{work_dir.rstrip('/')}/sglang_bench_{run_id}", timeout_s, release.bench_module)
+    obj, block = _read_results(
+        host, _run_detached(host, argv, prefix, timeout_s, module), output_file, module, timeout_s
+    )
+    info = obj.get("server_info") if isinstance(obj.get("server_info"), dict) else {}
+    return remote_result(
+        obj,
+        total=len(workload),
+        provenance=_remote_provenance(host, base_url, module, workload, load, options, argv, output_file, config, info),
+        concurrency=load.concurrency,
+        request_rate=load.request_rate,
+        repeat=repeat,
+        label=label,
+        stdout_block=block,
+    )
+
+
+def _stage_dataset(host: Host, workload: Workload, dataset_path: str) -> str | None:
+    """A ShareGPT workload's file, copied next to the run's outputs on the host (bench_serving reads it there)."""
+    if workload.params.get("kind") != "sharegpt":
+        return None
+    host.put(str(workload.params["path"]), dataset_path)
+    return dataset_path
+
+
+def _read_results(
+    host: Host, result: CommandResult, output_file: str, module: str, timeout_s: float
+) -> tuple[dict[str, Any], dict[str, float | str] | None]:
+    """The run's JSONL object and its printed block (None when the stdout has none); a failed run, or one
+    that wrote no result file, raises with what it printed last."""
     if not result.ok:
         tail = "\n".join((result.stderr.strip() or result.stdout.strip()).splitlines()[-20:])
         what = f"timed out after {timeout_s:g} s" if result.timed_out else f"exited with status {result.exit_status}"
-        raise RemoteBenchError(f"{release.bench_module} on {host.name} {what}:\n{tail}")
+        raise RemoteBenchError(f"{module} on {host.name} {what}:\n{tail}")
     text = host.read_text(output_file, max_bytes=1 << 28)
     if text is None:
-        raise RemoteBenchError(f"{release.bench_module} wrote no result file {output_file} on {host.name}")
+        raise RemoteBenchError(f"{module} wrote no result file {output_file} on {host.name}")
     obj = parse_jsonl(text)
     try:
         block: dict[str, float | str] | None = parse_stdout(result.stdout)
     except RemoteBenchError:
         block = None
-    info = obj.get("server_info") if isinstance(obj.get("server_info"), dict) else {}
+    return obj, block
+
+
+def _remote_provenance(
+    host: Host,
+    base_url: str,
+    module: str,
+    workload: Workload,
+    load: LoadSpec,
+    options: ClientOptions,
+    argv: list[str],
+    output_file: str,
+    config: ServerConfig | None,
+    info: Any,
+) -> Provenance:
     engine, version = engine_of(dict(info or {}))
-    provenance = Provenance(
+    return Provenance(
         url=base_url,
-        backend=release.bench_module,
+        backend=module,
         api=options.api,
         engine=engine,
         engine_version=version,
@@ -434,14 +491,4 @@ def run_remote(
         },
         config=to_jsonable(config.to_dict()) if config is not None else None,
         server_info=to_jsonable(info or {}),
-    )
-    return remote_result(
-        obj,
-        total=len(workload),
-        provenance=provenance,
-        concurrency=load.concurrency,
-        request_rate=load.request_rate,
-        repeat=repeat,
-        label=label,
-        stdout_block=block,
     )

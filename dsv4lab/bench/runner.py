@@ -249,19 +249,63 @@ async def run_async(
     load = load or LoadSpec()
     options = options or ClientOptions()
     endpoint = Endpoint.parse(url)
-    base = endpoint.url
     headers = control_headers(options)
     desc = f"{label + ' ' if label else ''}c={load.concurrency if load.concurrency is not None else 'inf'}"
     own_progress = not isinstance(progress, Progress)
     reporter = progress if isinstance(progress, Progress) else Progress(f"bench {desc}", enabled=progress)
     server = server or ServerContext()
-    host, config, info, gpus = server.host, server.config, server.info, server.gpus
-    ask_info = info is None
-    if info is None:
-        info = await server_info(base, timeout_s=info_timeout_s, headers=headers)
+    provenance, info, model = await _describe(endpoint, workload, load, options, server, headers, info_timeout_s)
+    pool = ConnectionPool(endpoint, connect_timeout_s=options.connect_timeout_s)
+    state = _Run(endpoint, options, pool)
+    specs = list(workload.requests)
+    payloads = _payloads(endpoint, specs, options, model)
+    steps = _Steps(state, workload, load, model, headers, reporter, desc)  # the run's clock starts here
+    records = await steps.measure(specs, payloads, profile, profile_output_dir, own_progress=own_progress)
+    duration = _duration(records, state, steps.origin)
+    profile_answer = await steps.stop_profiler()
+    dead = state.abort.is_set() and not state.interrupted
+    diagnosis = await _diagnose(on_server_death, diagnosis_timeout_s) if dead else None
+    if server.info is None and not state.abort.is_set():  # the accept length of *this* run, as bench_serving reads it
+        info = await server_info(endpoint.url, timeout_s=info_timeout_s, headers=headers) or info
+    result = BenchResult(
+        summary=summarize(records, duration, slo=slo, accept_length=_accept_length(info), itl_unit=options.itl_unit),
+        requests=records_frame(records, itl_unit=options.itl_unit),
+        provenance=provenance,
+        concurrency=load.concurrency,
+        request_rate=load.request_rate,
+        repeat=repeat,
+        label=label,
+        partial=state.abort.is_set(),
+        abort_reason=state.abort_reason,
+        diagnosis=diagnosis,
+        origin_perf_s=steps.origin,
+        interrupted=state.interrupted,
+        profile=profile_answer,
+    )
+    if store is not None:
+        (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
+    if own_progress:
+        _finish(reporter, result)
+    return result
+
+
+async def _describe(
+    endpoint: Endpoint,
+    workload: Workload,
+    load: LoadSpec,
+    options: ClientOptions,
+    server: ServerContext,
+    headers: Mapping[str, str],
+    timeout_s: float,
+) -> tuple[Provenance, Mapping[str, Any], str | None]:
+    """The result's provenance, with the server's info and the model name the requests carry; what the
+    caller did not give is asked of the server (``/server_info``, ``/v1/models``) and its host (the GPUs)."""
+    base, host, config = endpoint.url, server.host, server.config
+    info = server.info if server.info is not None else await server_info(base, timeout_s=timeout_s, headers=headers)
     model = options.model
     if model is None and options.api != "generate":
-        model = await discover_model(base, timeout_s=info_timeout_s, headers=headers)
+        model = await discover_model(base, timeout_s=timeout_s, headers=headers)
+    gpus = server.gpus
     if gpus is None:
         gpus = await asyncio.to_thread(gpu_names, host) if host is not None else ()
     engine, version = engine_of(dict(info))
@@ -280,100 +324,129 @@ async def run_async(
         config=to_jsonable(config_dict) if config_dict is not None else None,
         server_info=to_jsonable(dict(info)),
     )
+    return provenance, info, model
 
-    pool = ConnectionPool(endpoint, connect_timeout_s=options.connect_timeout_s)
-    state = _Run(endpoint, options, pool)
-    specs = list(workload.requests)
-    payloads = _payloads(endpoint, specs, options, model)
-    gc_was_enabled = gc.isenabled()
-    origin = time.perf_counter()
-    profiling = False
-    profile_answer: str | None = None
-    try:
-        if load.warmup:
-            warm = _warmup_specs(workload, load.warmup)
-            cap = min(load.warmup, load.concurrency or load.warmup)
-            reporter.update(f"{desc} warmup", fraction=0.0, detail=plural(len(warm), "request"))
-            warm_payloads = _payloads(endpoint, warm, options, model)
-            await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _k, _ok: None)
-            await state.watch.settle()
+
+@dataclasses.dataclass
+class _Steps:
+    """A benchmark's steps around its :class:`_Run`, in order: warm up, flush the cache, connect and start
+    the profiler, dispatch the measured requests on the clock started just before, stop the profiler."""
+
+    state: _Run
+    workload: Workload
+    load: LoadSpec
+    model: str | None
+    headers: dict[str, str]
+    reporter: Progress
+    desc: str
+    #: When the measured requests' clock starts (``perf_counter``); until then, when the run began.
+    origin: float = dataclasses.field(default_factory=time.perf_counter)
+    profiling: bool = False
+
+    @property
+    def base(self) -> str:
+        return self.state.endpoint.url
+
+    async def measure(
+        self,
+        specs: Sequence[RequestSpec],
+        payloads: Sequence[bytes | SessionRequest],
+        profile: bool,
+        profile_output_dir: str | None,
+        *,
+        own_progress: bool,
+    ) -> list[RequestRecord]:
+        """Warmup to the last measured request, the cyclic GC paused over the measured part. The user's Stop
+        returns what was done; a Stop before any request went out leaves nothing to keep and propagates."""
+        state = self.state
+        gc_was_enabled = gc.isenabled()
+        try:
+            await self.warmup()
+            schedule = await self.prepare(len(specs), profile, profile_output_dir)
+            gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
+            self.origin = time.perf_counter()
+            return await self.dispatch(specs, payloads, schedule)
+        except asyncio.CancelledError:
+            if not state.interrupted:  # stopped before any request went out: there is nothing to keep
+                if own_progress:
+                    self.reporter.finish("stopped by the user", "warn")
+                raise
+            return [RequestRecord(s.index, "not_sent", 0.0, error="not sent: stopped by the user") for s in specs]
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+            state.watch.cancel()
+            state.pool.close()
+
+    async def warmup(self) -> None:
+        load, state = self.load, self.state
+        if not load.warmup:
+            return
+        warm = _warmup_specs(self.workload, load.warmup)
+        cap = min(load.warmup, load.concurrency or load.warmup)
+        self.reporter.update(f"{self.desc} warmup", fraction=0.0, detail=plural(len(warm), "request"))
+        warm_payloads = _payloads(state.endpoint, warm, state.options, self.model)
+        await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _k, _ok: None)
+        await state.watch.settle()
+
+    async def prepare(self, n: int, profile: bool, profile_output_dir: str | None) -> list[float]:
+        """Flush the cache, open the connections (``ttft_clock="send"``), start the profiler; the schedule."""
+        load, state = self.load, self.state
         if load.flush_cache and not state.abort.is_set():
-            reporter.update(f"{desc} flush cache", fraction=0.0)
-            await flush_cache(base, headers=headers)
-        schedule = arrival_times(len(specs), load)
-        if not state.abort.is_set() and options.ttft_clock == "send":
-            await pool.preconnect(min(load.concurrency or len(specs), len(specs)))
+            self.reporter.update(f"{self.desc} flush cache", fraction=0.0)
+            await flush_cache(self.base, headers=self.headers)
+        schedule = arrival_times(n, load)
+        if not state.abort.is_set() and state.options.ttft_clock == "send":
+            await state.pool.preconnect(min(load.concurrency or n, n))
         if profile and not state.abort.is_set():
-            await start_profile(base, output_dir=profile_output_dir, headers=headers)
-            profiling = True
-        gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
-        origin = time.perf_counter()
+            await start_profile(self.base, output_dir=profile_output_dir, headers=self.headers)
+            self.profiling = True
+        return schedule
+
+    async def dispatch(
+        self, specs: Sequence[RequestSpec], payloads: Sequence[bytes | SessionRequest], schedule: Sequence[float]
+    ) -> list[RequestRecord]:
+        """The measured requests, or none sent when the warmup already ended the run."""
+        state, reporter, desc = self.state, self.reporter, self.desc
         if state.abort.is_set():
             why = (
                 "stopped by the user" if state.interrupted else f"the server died during warmup ({state.abort_reason})"
             )
-            records = [
+            return [
                 RequestRecord(s.index, "not_sent", t, error=f"not sent: {why}")
                 for s, t in zip(specs, schedule, strict=True)
             ]
-        else:
-            total = len(specs)
-            reporter.update(desc, fraction=0.0, detail=f"0/{total} {plural(total, 'request', number=False)}, 0 ok")
+        total = len(specs)
+        reporter.update(desc, fraction=0.0, detail=f"0/{total} {plural(total, 'request', number=False)}, 0 ok")
 
-            def on_done(k: int, ok: int) -> None:
-                # Finished is not ok: the table counts ok requests, so the line says both.
-                reporter.update(
-                    fraction=k / total, detail=f"{k}/{total} {plural(total, 'request', number=False)}, {ok} ok"
-                )
+        def on_done(k: int, ok: int) -> None:
+            # Finished is not ok: the table counts ok requests, so the line says both.
+            reporter.update(fraction=k / total, detail=f"{k}/{total} {plural(total, 'request', number=False)}, {ok} ok")
 
-            records = await state.execute(specs, payloads, schedule, load.concurrency, origin, on_done)
-            # The last requests failing can end the run while the probe they started is still asking: its
-            # answer decides whether this is a finished run with errors or one cut by a dead server.
-            await state.watch.settle()
-    except asyncio.CancelledError:
-        if not state.interrupted:  # stopped before any request went out: there is nothing to keep
-            if own_progress:
-                reporter.finish("stopped by the user", "warn")
-            raise
-        records = [RequestRecord(s.index, "not_sent", 0.0, error="not sent: stopped by the user") for s in specs]
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-        state.watch.cancel()
-        pool.close()
+        records = await state.execute(specs, payloads, schedule, self.load.concurrency, self.origin, on_done)
+        # The last requests failing can end the run while the probe they started is still asking: its
+        # answer decides whether this is a finished run with errors or one cut by a dead server.
+        await state.watch.settle()
+        return records
+
+    async def stop_profiler(self) -> str | None:
+        """The server's answer to /stop_profile; after the user's Stop the profiler is stopped in the
+        background, since Stop must return now."""
+        if not self.profiling:
+            return None
+        if self.state.interrupted:
+            stop_profile_later(self.base, self.headers)
+            return "stopped in the background after the user's Stop"
+        return await stop_profile_quietly(self.base, self.headers, quiet=self.state.abort.is_set())
+
+
+def _duration(records: Sequence[RequestRecord], state: _Run, origin: float) -> float:
+    """From the clock's start to the last request's end, or to the abort when that came later."""
     ends = [r.start_s + r.end_s for r in records if r.start_s is not None and r.end_s is not None]
     duration = max(ends, default=0.0)
     if state.abort_time is not None:
         duration = max(duration, state.abort_time - origin) if ends else max(0.0, state.abort_time - origin)
-    dead = state.abort.is_set() and not state.interrupted
-    if profiling and state.interrupted:  # Stop must return now: the profiler is stopped in the background
-        stop_profile_later(base, headers)
-        profile_answer = "stopped in the background after the user's Stop"
-    elif profiling:
-        profile_answer = await stop_profile_quietly(base, headers, quiet=state.abort.is_set())
-    diagnosis = await _diagnose(on_server_death, diagnosis_timeout_s) if dead else None
-    if ask_info and not state.abort.is_set():  # the accept length of *this* run, as bench_serving reads it
-        info = await server_info(base, timeout_s=info_timeout_s, headers=headers) or info
-    result = BenchResult(
-        summary=summarize(records, duration, slo=slo, accept_length=_accept_length(info), itl_unit=options.itl_unit),
-        requests=records_frame(records, itl_unit=options.itl_unit),
-        provenance=provenance,
-        concurrency=load.concurrency,
-        request_rate=load.request_rate,
-        repeat=repeat,
-        label=label,
-        partial=state.abort.is_set(),
-        abort_reason=state.abort_reason,
-        diagnosis=diagnosis,
-        origin_perf_s=origin,
-        interrupted=state.interrupted,
-        profile=profile_answer,
-    )
-    if store is not None:
-        (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
-    if own_progress:
-        _finish(reporter, result)
-    return result
+    return duration
 
 
 def _payloads(

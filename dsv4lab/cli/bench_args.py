@@ -69,6 +69,19 @@ def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
         "'dsv4lab launch' made (over an SSH tunnel with --host). Options named as in SGLang's bench_serving mean "
         "what they mean there; docs/benchmarks.md lists where dsv4lab differs.",
     )
+    for add_group in (
+        _server_options,
+        _workload_options,
+        _load_options,
+        _request_options,
+        _metric_options,
+        _output_options,
+    ):
+        add_group(p)
+    return p
+
+
+def _server_options(p: argparse.ArgumentParser) -> None:
     srv = p.add_argument_group("server")
     srv.add_argument("--url", "--base-url", dest="url", help="server base URL this machine reaches")
     srv.add_argument("--port", type=int, help="server port (on --host through an SSH tunnel, else on this machine)")
@@ -79,6 +92,8 @@ def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
         "--ready-check-timeout-sec", type=float, default=0.0, help="wait up to S for GET /v1/models (default 0: no)"
     )
 
+
+def _workload_options(p: argparse.ArgumentParser) -> None:
     wl = p.add_argument_group("workload")
     wl.add_argument("--dataset-name", choices=DATASETS, help="random (default) or sharegpt with --dataset-path")
     wl.add_argument("--dataset-path", "--dataset", dest="dataset_path", help="a ShareGPT-style JSON file")
@@ -98,6 +113,8 @@ def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
         wl.add_argument(flag, type=int, dest=name, help=f"generated-shared-prefix (default {_GSP_DEFAULTS[name]})")
     wl.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
 
+
+def _load_options(p: argparse.ArgumentParser) -> None:
     ld = p.add_argument_group("load")
     ld.add_argument(
         "--concurrency",
@@ -111,6 +128,8 @@ def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
     ld.add_argument("--repeats", type=int, default=1, help="runs per concurrency level (default 1)")
     ld.add_argument("--flush-cache", action="store_true", help="flush the server's prefix cache after the warmup")
 
+
+def _request_options(p: argparse.ArgumentParser) -> None:
     rq = p.add_argument_group("requests")
     rq.add_argument("--api", choices=("generate", "completions", "chat"), help="endpoint (default generate)")
     rq.add_argument("--backend", choices=sorted(API_OF_BACKEND), help="bench_serving's name for --api")
@@ -124,6 +143,8 @@ def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
     rq.add_argument("--api-key", default=None, help="Bearer token (default: $OPENAI_API_KEY)")
     rq.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
 
+
+def _metric_options(p: argparse.ArgumentParser) -> None:
     mt = p.add_argument_group("metrics")
     mt.add_argument(
         "--ttft-clock",
@@ -145,6 +166,8 @@ def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
     mt.add_argument("--profile", action="store_true", help="torch-profile the server over the measured requests")
     mt.add_argument("--profile-output-dir", help="trace directory on the server host (default: the server's)")
 
+
+def _output_options(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--results-dir", help="append every result to RESULTS_DIR/bench_results.jsonl")
     out.add_argument("--output-file", help="append bench_serving's JSONL object per run (dsv4lab's under 'dsv4lab')")
@@ -153,7 +176,6 @@ def build_parser(prog: str = "dsv4lab bench") -> argparse.ArgumentParser:
     out.add_argument("--format", choices=("table", "json", "sglang"), default="table", help="what to print")
     out.add_argument("--json", action="store_true", help="same as --format json: one JSON object per run")
     out.add_argument("--no-progress", "--disable-tqdm", dest="no_progress", action="store_true", help="no progress")
-    return p
 
 
 def _given(args: argparse.Namespace, *names: str) -> list[str]:

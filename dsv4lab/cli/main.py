@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from dsv4lab.cli.argparsing import ArgumentParser, add_host_options
 from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script, server_command
@@ -485,7 +485,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="dsv4lab", description=(dsv4lab.__doc__ or "").splitlines()[0] or None)
     parser.add_argument("--version", action="version", version=f"dsv4lab {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+    for add_verb in _VERBS:
+        add_verb(verbs)
+    return parser
 
+
+_Verbs: TypeAlias = "argparse._SubParsersAction[ArgumentParser]"  # the subcommands of the dsv4lab parser
+
+
+def _config_verb(verbs: _Verbs) -> None:
     config = verbs.add_parser("config", help="show, render and compare server configs")
     cverbs = config.add_subparsers(dest="config_verb", required=True, metavar="ACTION")
 
@@ -513,12 +521,17 @@ def build_parser() -> argparse.ArgumentParser:
     fields = cverbs.add_parser("fields", help="list every config field with its help")
     fields.set_defaults(func=_cmd_config_fields)
 
+
+def _bench_verb(verbs: _Verbs) -> None:
+    # Its own parser (dsv4lab.cli.bench_args) reads the rest of the line.
     be = verbs.add_parser(
         "bench", help="load-benchmark a server (see dsv4lab bench --help)", add_help=False, prefix_chars="\0"
     )
     be.add_argument("bench_args", nargs=argparse.REMAINDER)
     be.set_defaults(func=_cmd_bench)
 
+
+def _preflight_verb(verbs: _Verbs) -> None:
     pf = verbs.add_parser("preflight", help="predict whether a config fits in GPU memory, and what would")
     _add_config_source(pf)
     pf.add_argument("--hardware", default="rtx-pro-6000-x8", help="hardware profile (see dsv4lab.config.hardware)")
@@ -530,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--json", action="store_true", help="print one JSON object")
     pf.set_defaults(func=_cmd_preflight)
 
+
+def _diagnose_verb(verbs: _Verbs) -> None:
     dg = verbs.add_parser("diagnose", help="read a server log: outcome, phase, cause, evidence and fixes")
     dg.add_argument("logfile")
     dg.add_argument("--json", action="store_true", help="print one JSON object")
@@ -538,6 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--calibrate", action="append", metavar="LOG", help="fit graph memory from this log first")
     dg.set_defaults(func=_cmd_diagnose)
 
+
+def _launch_verb(verbs: _Verbs) -> None:
     la = verbs.add_parser("launch", help="start a server (or the twin) in a run directory and return at once")
     _add_config_source(la)
     add_host_options(la)
@@ -557,6 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--json", action="store_true")
     la.set_defaults(func=_cmd_launch)
 
+
+def _watch_verb(verbs: _Verbs) -> None:
     wa = verbs.add_parser("watch", help="wait until the server in RUN_DIR is ready, or say why it is not")
     wa.add_argument("run_dir")
     add_host_options(wa)
@@ -566,35 +585,47 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--json", action="store_true", help="print one JSON object")
     wa.set_defaults(func=_cmd_watch)
 
+
+def _stop_verb(verbs: _Verbs) -> None:
     st = verbs.add_parser("stop", help="end the server's whole process tree")
     st.add_argument("run_dir")
     add_host_options(st)
     st.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     st.set_defaults(func=_cmd_stop)
 
+
+def _ps_verb(verbs: _Verbs) -> None:
     ps = verbs.add_parser("ps", help="list dsv4lab runs and whether they are alive")
     add_host_options(ps)
     ps.add_argument("--root", default="~/dsv4lab-runs", help="folder holding run directories")
     ps.set_defaults(func=_cmd_ps)
 
+
+def _report_verb(verbs: _Verbs) -> None:
     rep = verbs.add_parser(
         "report", help="write report.html of a run dir (or index.html of a campaign folder) again, running nothing"
     )
     rep.add_argument("path", help="reports/<time>-<notebook> or reports/<campaign>")
     rep.set_defaults(func=_cmd_report)
 
+
+def _run_verb(verbs: _Verbs) -> None:
     run = verbs.add_parser("run", help="run one experiment notebook headlessly into reports/, with its HTML report")
     run.add_argument("notebook", help="a shipped notebook (01_config_a_baseline ... or just 01) or a .ipynb path")
     _add_notebook_options(run)
     run.add_argument("--params", action="store_true", help="list the notebook's parameters and exit")
     run.set_defaults(func=_cmd_run)
 
+
+def _campaign_verb(verbs: _Verbs) -> None:
     camp = verbs.add_parser("campaign", help="run the campaign's notebooks in order; prints its index.html last")
     camp.add_argument("file", nargs="?", default=None, help="campaign .toml (default: the story's, on the twin)")
     _add_notebook_options(camp, help_p="change a campaign-wide parameter, e.g. -p host gpubox -p target sglang")
     camp.add_argument("--force", action="store_true", help="rerun steps that already finished with these parameters")
     camp.set_defaults(func=_cmd_campaign)
 
+
+def _sweep_verb(verbs: _Verbs) -> None:
     sw = verbs.add_parser("sweep", help="run a notebook over a grid of parameters; prints the sweep's index last")
     sw.add_argument("notebook", help="a shipped notebook or a .ipynb path")
     _add_notebook_options(sw, help_p="a parameter; comma-separated values are swept (config fields go to overrides)")
@@ -602,6 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--run-predicted-oom", action="store_true", help="also run points the memory model says OOM")
     sw.set_defaults(func=_cmd_sweep)
 
+
+def _demo_verb(verbs: _Verbs) -> None:
     demo = verbs.add_parser("demo", help="the story's campaign on the twin (what make demo runs)")
     demo.add_argument("--reports", default="reports", help="folder the campaign writes under")
     demo.add_argument("--time-scale", type=float, default=0.02, help="twin time scale (1 = real time)")
@@ -611,11 +644,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_cmd_demo, timeout=3600.0, trust_host_key=False)
 
+
+def _lab_verb(verbs: _Verbs) -> None:
     lab = verbs.add_parser("lab", help="JupyterLab on the notebooks, on 127.0.0.1 with a fresh token (prints its URL)")
     lab.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
     lab.add_argument("--notebooks", default=None, help="folder to open (default: a copy in ./dsv4lab-notebooks)")
     lab.set_defaults(func=_cmd_lab)
-    return parser
+
+
+#: The verbs in the order ``dsv4lab --help`` lists them; each adds its subparser (and its own subcommands).
+_VERBS: tuple[Callable[[_Verbs], None], ...] = (
+    _config_verb,
+    _bench_verb,
+    _preflight_verb,
+    _diagnose_verb,
+    _launch_verb,
+    _watch_verb,
+    _stop_verb,
+    _ps_verb,
+    _report_verb,
+    _run_verb,
+    _campaign_verb,
+    _sweep_verb,
+    _demo_verb,
+    _lab_verb,
+)
 
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:

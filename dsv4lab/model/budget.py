@@ -37,6 +37,7 @@ from dsv4lab.logs import (
     GraphProgress,
     KVCache,
     MemoryPoolEnd,
+    OomFigures,
     PhaseChange,
     ServerArgs,
     WeightLoad,
@@ -318,6 +319,8 @@ class ObservedBudget:
 
 @dataclass
 class _Rank:
+    """What one TP rank's lines said, in the order SGLang prints them (GiB)."""
+
     first_avail: float | None = None
     weights: float | None = None
     draft: float = 0.0
@@ -327,11 +330,167 @@ class _Rank:
     capture_begin: float | None = None
     open_capture: str | None = None
     graphs: float = 0.0
+    draft_graphs: float = 0.0
     roles_logged: set[str] = field(default_factory=set)
     free: float | None = None
     short: float | None = None
     total: float | None = None
-    complete: bool = False
+
+    def avail(self, gib: float | None) -> None:
+        """The free memory a line reports is what the next allocation is measured from."""
+        if gib is not None:
+            self.last_avail = gib
+
+    def weight_load(self, ev: WeightLoad) -> None:
+        if ev.stage == "begin" and self.first_avail is None:
+            self.first_avail = ev.avail_gib
+        elif ev.stage == "end" and ev.usage_gib is not None:
+            # The second model loaded is the draft, whatever its class is called.
+            if self.weights is not None or bool(ev.model_class and _DRAFT_CLASS.search(ev.model_class)):
+                self.draft += ev.usage_gib
+            else:
+                self.weights = ev.usage_gib
+        self.avail(ev.avail_gib)
+
+    def kv_cache(self, ev: KVCache) -> None:
+        if ev.size_gib is not None:
+            self.kv_logged = (self.kv_logged or 0.0) + ev.size_gib
+
+    def pool_end(self, ev: MemoryPoolEnd) -> None:
+        if self.last_avail is not None and ev.avail_gib is not None:
+            self.kv = (self.kv or 0.0) + max(0.0, self.last_avail - ev.avail_gib)
+        self.avail(ev.avail_gib)
+
+    def capture(self, ev: GraphCapture) -> None:
+        if ev.stage == "begin":
+            self.capture_begin = ev.avail_gib
+            self.open_capture = ev.role
+        elif ev.stage == "end":
+            used = ev.usage_gib
+            if used is None and self.capture_begin is not None and ev.avail_gib is not None:
+                used = self.capture_begin - ev.avail_gib
+            self.graphs += used or 0.0
+            self.roles_logged.add(ev.role)
+            if ev.role == "draft":
+                self.draft_graphs += used or 0.0
+            self.open_capture = None
+        self.avail(ev.avail_gib)
+
+    def oom(self, f: OomFigures) -> None:
+        if f.total_gib is not None:
+            self.total = f.total_gib
+        if f.free_gib is not None:
+            if self.open_capture is not None and self.capture_begin is not None:
+                self.graphs += max(0.0, self.capture_begin - f.free_gib)  # the capture that failed, so far
+            self.free = f.free_gib
+            if f.tried_gib is not None:
+                self.short = max(0.0, f.tried_gib - f.free_gib)
+
+
+def _rank_of(ev: Event) -> int | None:
+    """The TP rank a line belongs to: its tag; untagged memory lines are TP=1's rank 0; an untagged OOM names
+    its GPU."""
+    if ev.rank is not None:
+        return ev.rank
+    match ev:
+        case WeightLoad() | KVCache() | MemoryPoolEnd() | GraphCapture() | Capacity():
+            return 0
+        case ErrorEvent(kind=ErrorKind.OOM, oom=OomFigures(gpu=gpu)) if gpu is not None:
+            return gpu
+    return None
+
+
+@dataclass
+class _BudgetReader:
+    """The log read once, line by line: every rank's figures and what rank 0 alone logs."""
+
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    lead: int | None = None  # the lowest rank seen so far: the one that logs the progress bar and summary
+    lead_first_capture: float | None = None
+    buffers: float | None = None
+    ready: bool = False
+    capacity_avail: dict[int, float] = field(default_factory=dict)
+
+    def add(self, ev: Event) -> None:
+        match ev:
+            case PhaseChange(ready=True):
+                self.ready = True
+                return
+            case GraphProgress():
+                self.progress(ev)
+                return
+        rank = _rank_of(ev)
+        if rank is None:
+            return
+        r = self.ranks.setdefault(rank, _Rank())
+        if self.lead is None or rank < self.lead:
+            self.lead = rank
+        match ev:
+            case WeightLoad():
+                r.weight_load(ev)
+            case KVCache():
+                r.kv_cache(ev)
+            case MemoryPoolEnd():
+                r.pool_end(ev)
+            case GraphCapture():
+                if ev.stage == "begin" and rank == self.lead and self.lead_first_capture is None:
+                    self.lead_first_capture = ev.avail_gib
+                r.capture(ev)
+            case Capacity():
+                if ev.available_gib is not None:
+                    self.capacity_avail[rank] = ev.available_gib
+            case ErrorEvent(kind=ErrorKind.OOM, oom=OomFigures() as figures):
+                r.oom(figures)
+
+    def progress(self, ev: GraphProgress) -> None:
+        """The first capture's progress bar already shows the free memory after the buffers were registered."""
+        if self.buffers is None and self.lead_first_capture is not None and ev.avail_gib is not None:
+            self.buffers = max(0.0, self.lead_first_capture - ev.avail_gib)
+
+    def gpu(self, index: int, oom: OomPoint | None, total: float | None, notes: list[str]) -> ObservedGPU:
+        """One GPU's split; what its rank did not log is taken from rank 0 and marked estimated."""
+        r = self.ranks[index]
+        lead = self.ranks.get(self.lead) if self.lead is not None else None
+        lead_draft = lead.draft_graphs if lead is not None else 0.0
+        estimated: list[str] = []
+        failed_here = oom is not None and oom.gpu == index
+        graphs: float | None = r.graphs
+        free = r.free
+        complete = self.ready and not failed_here  # the rank finished startup: graphs and free are final
+        if complete:
+            if lead_draft and "draft" not in r.roles_logged:
+                graphs = (graphs or 0.0) + lead_draft  # 0.5.16+: draft captures are logged by rank 0 only
+                estimated.append("graph pools")
+            free = self.capacity_avail.get(index)
+            if free is None and r.last_avail is not None:
+                free = r.last_avail - (lead_draft if "graph pools" in estimated else 0.0)
+                if "graph pools" in estimated:
+                    estimated.append("free")
+        elif not failed_here:
+            graphs = graphs if r.open_capture is None and graphs else None
+            free = None
+        buf = self.buffers
+        if buf is not None and index != self.lead:
+            estimated.append("buffers")
+        if buf is not None and graphs is not None:
+            graphs = max(0.0, graphs - buf)
+        elif graphs is not None and buf is None:
+            notes.append("communication buffers are not separable from graph pools in this log")
+        return ObservedGPU(
+            gpu=index,
+            total_gib=r.total if r.total is not None else total,
+            free_before_load_gib=r.first_avail,
+            weights_gib=r.weights,
+            draft_weights_gib=r.draft,
+            kv_pool_gib=r.kv if r.kv is not None else r.kv_logged,
+            kv_logged_gib=r.kv_logged,
+            buffers_gib=buf,
+            graphs_gib=graphs,
+            free_gib=free,
+            short_gib=r.short if failed_here else None,
+            complete=complete,
+            estimated=tuple(estimated),
+        )
 
 
 def _total_for(hardware: HardwareProfile | str | None, total_gib: float | None) -> float | None:
@@ -352,134 +511,16 @@ def observed_budget(
     """Each GPU's memory split as the log tells it. ``hardware`` (or ``total_gib``) gives the card's capacity
     when the log does not (only an OOM message prints it)."""
     events = log_events(log)
-    ranks: dict[int, _Rank] = {}
-    lead: int | None = None
-    rank0_draft_graphs: dict[str, float] = {}
-    buffers: float | None = None
-    lead_first_capture: float | None = None
     oom = oom_point(events)
-    ready = False
-    capacity_avail: dict[int, float] = {}
+    reader = _BudgetReader()
     for ev in events:
-        if isinstance(ev, PhaseChange) and ev.ready:
-            ready = True
-            continue
-        if isinstance(ev, GraphProgress):
-            if buffers is None and lead_first_capture is not None and ev.avail_gib is not None:
-                buffers = max(0.0, lead_first_capture - ev.avail_gib)
-            continue
-        rank = ev.rank
-        if rank is None and isinstance(ev, (WeightLoad, KVCache, MemoryPoolEnd, GraphCapture, Capacity)):
-            rank = 0  # TP=1 logs carry no TP tag
-        if rank is None:
-            if isinstance(ev, ErrorEvent) and ev.kind is ErrorKind.OOM and ev.oom and ev.oom.gpu is not None:
-                rank = ev.oom.gpu
-            else:
-                continue
-        r = ranks.setdefault(rank, _Rank())
-        if lead is None or rank < lead:
-            lead = rank
-        if isinstance(ev, WeightLoad):
-            if ev.stage == "begin" and r.first_avail is None:
-                r.first_avail = ev.avail_gib
-            elif ev.stage == "end" and ev.usage_gib is not None:
-                is_draft = r.weights is not None or bool(ev.model_class and _DRAFT_CLASS.search(ev.model_class))
-                if is_draft:
-                    r.draft += ev.usage_gib
-                else:
-                    r.weights = ev.usage_gib
-            r.last_avail = ev.avail_gib if ev.avail_gib is not None else r.last_avail
-        elif isinstance(ev, KVCache):
-            if ev.size_gib is not None:
-                r.kv_logged = (r.kv_logged or 0.0) + ev.size_gib
-        elif isinstance(ev, MemoryPoolEnd):
-            if r.last_avail is not None and ev.avail_gib is not None:
-                r.kv = (r.kv or 0.0) + max(0.0, r.last_avail - ev.avail_gib)
-            r.last_avail = ev.avail_gib if ev.avail_gib is not None else r.last_avail
-        elif isinstance(ev, GraphCapture):
-            if ev.stage == "begin":
-                r.capture_begin = ev.avail_gib
-                r.open_capture = ev.role
-                if rank == lead and lead_first_capture is None:
-                    lead_first_capture = ev.avail_gib
-            elif ev.stage == "end":
-                used = ev.usage_gib
-                if used is None and r.capture_begin is not None and ev.avail_gib is not None:
-                    used = r.capture_begin - ev.avail_gib
-                r.graphs += used or 0.0
-                r.roles_logged.add(ev.role)
-                if ev.role == "draft":
-                    rank0_draft_graphs.setdefault(str(rank), 0.0)
-                    rank0_draft_graphs[str(rank)] += used or 0.0
-                r.open_capture = None
-            r.last_avail = ev.avail_gib if ev.avail_gib is not None else r.last_avail
-        elif isinstance(ev, Capacity):
-            if ev.available_gib is not None:
-                capacity_avail[rank] = ev.available_gib
-        elif isinstance(ev, ErrorEvent) and ev.kind is ErrorKind.OOM and ev.oom is not None:
-            f = ev.oom
-            if f.total_gib is not None:
-                r.total = f.total_gib
-            if f.free_gib is not None:
-                if r.open_capture is not None and r.capture_begin is not None:
-                    r.graphs += max(0.0, r.capture_begin - f.free_gib)
-                r.free = f.free_gib
-                if f.tried_gib is not None:
-                    r.short = max(0.0, f.tried_gib - f.free_gib)
-
+        reader.add(ev)
     total = _total_for(hardware, total_gib)
     if total is None and oom is not None:
         total = oom.total_gib
-    lead_draft = rank0_draft_graphs.get(str(lead), 0.0) if lead is not None else 0.0
     notes: list[str] = []
-    out: list[ObservedGPU] = []
-    for index in sorted(ranks):
-        r = ranks[index]
-        estimated: list[str] = []
-        failed_here = oom is not None and oom.gpu == index
-        graphs: float | None = r.graphs
-        free = r.free
-        complete = False
-        if failed_here:
-            complete = False
-        elif ready:
-            complete = True
-            if lead_draft and "draft" not in r.roles_logged:
-                graphs = (graphs or 0.0) + lead_draft  # 0.5.16+: draft captures are logged by rank 0 only
-                estimated.append("graph pools")
-            free = capacity_avail.get(index)
-            if free is None and r.last_avail is not None:
-                free = r.last_avail - (lead_draft if "graph pools" in estimated else 0.0)
-                if "graph pools" in estimated:
-                    estimated.append("free")
-        else:
-            graphs = graphs if r.open_capture is None and graphs else None
-            free = None
-        buf = buffers
-        if buf is not None and index != lead:
-            estimated.append("buffers")
-        if buf is not None and graphs is not None:
-            graphs = max(0.0, graphs - buf)
-        elif graphs is not None and buf is None:
-            notes.append("communication buffers are not separable from graph pools in this log")
-        out.append(
-            ObservedGPU(
-                gpu=index,
-                total_gib=r.total if r.total is not None else total,
-                free_before_load_gib=r.first_avail,
-                weights_gib=r.weights,
-                draft_weights_gib=r.draft,
-                kv_pool_gib=r.kv if r.kv is not None else r.kv_logged,
-                kv_logged_gib=r.kv_logged,
-                buffers_gib=buf,
-                graphs_gib=graphs,
-                free_gib=free,
-                short_gib=r.short if failed_here else None,
-                complete=complete,
-                estimated=tuple(estimated),
-            )
-        )
-    return ObservedBudget(tuple(out), oom, ready, tuple(dict.fromkeys(notes)))
+    per_gpu = tuple(reader.gpu(index, oom, total, notes) for index in sorted(reader.ranks))
+    return ObservedBudget(per_gpu, oom, reader.ready, tuple(dict.fromkeys(notes)))
 
 
 # -- predicted, in the same categories ------------------------------------------------------------------------

@@ -309,9 +309,6 @@ def run_notebook(
     :class:`~dsv4lab.errors.HostError` before anything is made); ``trust_host_key`` records an unknown
     host key in ``~/.ssh/known_hosts`` then, where the notebook's session finds it.
     """
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
     timeout_ok = isinstance(execution_timeout_s, (int, float)) and not isinstance(execution_timeout_s, bool)
     if not (timeout_ok and 0 < execution_timeout_s < float("inf")):
         raise ConfigError("execution_timeout_s", execution_timeout_s, "a positive number of seconds per cell")
@@ -320,6 +317,32 @@ def run_notebook(
     host = run_host(nb_path, params)
     if host is not None:
         check_hosts({host: f"parameter host of {nb_path.stem}"}, trust_host_key=trust_host_key)
+    out_dir = _prepare_run_dir(nb_path, params, run_dir, reports_root)
+    executed = out_dir / "notebook.ipynb"
+    started = time.monotonic()
+    # Whatever happens in the notebook, the servers it left are stopped and the report is written.
+    status, error = _execute(
+        nb_path,
+        executed,
+        params,
+        out_dir,
+        kernel_name=kernel_name,
+        log_output=log_output,
+        execution_timeout_s=execution_timeout_s,
+        start_timeout_s=start_timeout_s,
+    )
+    duration = time.monotonic() - started
+    stopped = stop_orphans(out_dir)
+    run = _record_run(nb_path, out_dir, executed, params, status, error, duration, stopped)
+    _raise_for(run, nb_path.stem, status, error, duration, raise_on_error)
+    return run
+
+
+def _prepare_run_dir(
+    nb_path: Path, params: dict[str, Any], run_dir: str | Path | None, reports_root: str | Path
+) -> Path:
+    """The run dir (given, or new under ``reports_root``) with the parameters and environment it ran with;
+    a notebook that declares ``run_dir`` is told where it is."""
     out_dir = Path(run_dir).resolve() if run_dir is not None else new_run_dir(Path(reports_root), nb_path.stem)
     out_dir.mkdir(parents=True, exist_ok=True)
     declared = notebook_parameters(nb_path)
@@ -327,11 +350,25 @@ def run_notebook(
         params["run_dir"] = str(out_dir)
     write_json_atomic(out_dir / "params.json", params)
     write_json_atomic(out_dir / "env.json", environment(params))
-    executed = out_dir / "notebook.ipynb"
-    started = time.monotonic()
-    error: str | None = None
-    status = "ok"
-    try:  # whatever happens in the notebook, the servers it left are stopped and the report is written
+    return out_dir
+
+
+def _execute(
+    nb_path: Path,
+    executed: Path,
+    params: Mapping[str, Any],
+    out_dir: Path,
+    *,
+    kernel_name: str,
+    log_output: bool,
+    execution_timeout_s: float,
+    start_timeout_s: float,
+) -> tuple[str, str | None]:
+    """papermill's run of the notebook: ("ok", None), ("failed", the cell's error) or ("interrupted", ...)."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
         papermill.execute_notebook(
             str(nb_path),
             _atomic_output(executed),
@@ -346,20 +383,30 @@ def run_notebook(
             iopub_timeout=IOPUB_TIMEOUT_S,
         )
     except PapermillExecutionError as exc:
-        status = "failed"
-        error = f"In [{exc.exec_count}]: {exc.ename}: {exc.evalue}"
+        return "failed", f"In [{exc.exec_count}]: {exc.ename}: {exc.evalue}"
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI
-        status, error = "interrupted", "stopped by the user"
+        return "interrupted", "stopped by the user"
     except Exception as exc:  # a kernel that died, a timeout: the report still gets written
-        status = "failed"
-        error = f"{type(exc).__name__}: {exc}"
-    duration = time.monotonic() - started
-    stopped = stop_orphans(out_dir)
+        return "failed", f"{type(exc).__name__}: {exc}"
+    return "ok", None
+
+
+def _record_run(
+    nb_path: Path,
+    out_dir: Path,
+    executed: Path,
+    params: dict[str, Any],
+    status: str,
+    error: str | None,
+    duration: float,
+    stopped: list[str],
+) -> NotebookRun:
+    """results.json and the report; a full disk before they could be written is said in ``unsaved``."""
     try:
-        run = _finish(nb_path, out_dir, executed, params, status, error, duration, stopped)
-    except OSError as exc:  # a full disk before results.json and the report could be written: say so below
+        return _finish(nb_path, out_dir, executed, params, status, error, duration, stopped)
+    except OSError as exc:
         unsaved = (f"results.json and report.html ({exc.strerror or exc})",)
-        run = NotebookRun(
+        return NotebookRun(
             nb_path.stem,
             nb_path,
             out_dir,
@@ -372,21 +419,25 @@ def run_notebook(
             {},
             unsaved,
         )
+
+
+def _raise_for(
+    run: NotebookRun, nb: str, status: str, error: str | None, duration: float, raise_on_error: bool
+) -> None:
+    """A Stop raises Interrupted, an incomplete record NotebookError always, a failed notebook when asked."""
+    out_dir = run.run_dir
     if status == "interrupted":
-        raise Interrupted(
-            f"notebook {nb_path.stem}", run, elapsed_s=duration, note=f"what ran is in its report: {run.report}"
-        )
+        raise Interrupted(f"notebook {nb}", run, elapsed_s=duration, note=f"what ran is in its report: {run.report}")
     if run.unsaved:
         what = f"failed: {error}" if error else "ran"
         raise NotebookError(
-            f"notebook {nb_path.stem} {what}, but its record in {out_dir} is incomplete: could not write "
+            f"notebook {nb} {what}, but its record in {out_dir} is incomplete: could not write "
             f"{'; '.join(run.unsaved)}. Free space there, then `dsv4lab report {out_dir}` renders the report "
             "from what was kept",
             run,
         )
     if not run.ok and raise_on_error:
-        raise NotebookError(f"notebook {nb_path.stem} failed: {error}; report: {run.report}#papermill-error-cell", run)
-    return run
+        raise NotebookError(f"notebook {nb} failed: {error}; report: {run.report}#papermill-error-cell", run)
 
 
 #: papermill saves the executed notebook after every cell; through this scheme each save replaces the file

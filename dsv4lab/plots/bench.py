@@ -8,7 +8,7 @@ chart of twin runs shows the modelled hardware and says so on its axis; no calle
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import altair as alt
@@ -71,6 +71,25 @@ def throughput_vs_concurrency(
     clock = Clock(comparison.time_scale)
     words = metric_words(comparison.metric).rsplit(" (", 1)[0]
     units = units or axis_title(words, metric_unit(comparison.metric) or "value", clock)
+    data, note = _throughput_frames(comparison, labels)
+    levels = list(dict.fromkeys(data["concurrency"]))
+    chart_out: alt.LayerChart = alt.layer(*_throughput_layers(data, note, labels, levels, units)).properties(
+        width=max(420, 230 * len(levels)),
+        height=320,
+        title=alt.Title(
+            _throughput_title(comparison, labels)
+            if title is None
+            else title
+            if isinstance(title, str)
+            else list(title),
+            subtitle=_throughput_subtitle(comparison, labels, clock),
+        ),
+    )
+    return chart_out
+
+
+def _throughput_frames(comparison: ABComparison, labels: tuple[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each arm's mean and 95 % interval per level (the bars), and each level's verdict (the notes above)."""
     rows = []
     notes = []
     for lv in comparison.levels:
@@ -78,14 +97,7 @@ def throughput_vs_concurrency(
         for arm, mean, sd, n in ((labels[0], lv.mean_a, lv.sd_a, lv.n_a), (labels[1], lv.mean_b, lv.sd_b, lv.n_b)):
             half = _ci_half(sd, n)
             rows.append(
-                {
-                    "concurrency": c,
-                    "config": arm,
-                    "mean": mean,
-                    "low": mean - half,
-                    "high": mean + half,
-                    "n": n,
-                }
+                {"concurrency": c, "config": arm, "mean": mean, "low": mean - half, "high": mean + half, "n": n}
             )
         lo, hi = lv.rel_ci
         notes.append(
@@ -96,14 +108,17 @@ def throughput_vs_concurrency(
                 "line2": _VERDICT_WORDS[lv.verdict],
             }
         )
-    data = pd.DataFrame(rows)
-    note = pd.DataFrame(notes)
-    levels = list(dict.fromkeys(data["concurrency"]))
-    colors = list(CONFIG_COLORS[:2])
+    return pd.DataFrame(rows), pd.DataFrame(notes)
+
+
+def _throughput_layers(
+    data: pd.DataFrame, note: pd.DataFrame, labels: tuple[str, str], levels: list[str], units: str
+) -> list[alt.Chart]:
+    """Bars side by side per level with their error bars and values; the verdict's two lines above."""
     y_top = float(max(data["high"].max(), note["top"].max())) * 1.28
     x = alt.X("concurrency:N", title="concurrency (requests in flight)", sort=levels, axis=alt.Axis(labelAngle=0))
     y = alt.Y("mean:Q", title=units, scale=alt.Scale(domain=[0, y_top], nice=False))
-    color = alt.Color("config:N", title="config", scale=alt.Scale(domain=list(labels), range=colors))
+    color = alt.Color("config:N", title="config", scale=alt.Scale(domain=list(labels), range=list(CONFIG_COLORS[:2])))
     offset = alt.XOffset("config:N", sort=list(labels), scale=alt.Scale(paddingOuter=0.6))
     base = alt.Chart(data)
     bars = base.mark_bar(opacity=0.85, width=alt.RelativeBandSize(0.8)).encode(
@@ -134,14 +149,20 @@ def throughput_vs_concurrency(
         .mark_text(dy=-24, baseline="bottom", fontSize=11, color="#444444")
         .encode(x=x, y=alt.Y("top:Q"), text="line2:N")
     )
-    if title is None:
-        parts = [
-            f"{lv.rel_diff:+.0%} at concurrency {lv.concurrency}"
-            if lv.verdict != "no detectable difference"
-            else f"no detectable difference at {lv.concurrency}"
-            for lv in comparison.levels
-        ]
-        title = f"{labels[1]} vs {labels[0]}: " + ", ".join(parts)
+    return [bars, errors, values, text1, text2]
+
+
+def _throughput_title(comparison: ABComparison, labels: tuple[str, str]) -> str:
+    parts = [
+        f"{lv.rel_diff:+.0%} at concurrency {lv.concurrency}"
+        if lv.verdict != "no detectable difference"
+        else f"no detectable difference at {lv.concurrency}"
+        for lv in comparison.levels
+    ]
+    return f"{labels[1]} vs {labels[0]}: " + ", ".join(parts)
+
+
+def _throughput_subtitle(comparison: ABComparison, labels: tuple[str, str], clock: Clock) -> list[str]:
     n = min(min(lv.n_a, lv.n_b) for lv in comparison.levels)
     subtitle = [
         f"bars: mean of {n}+ repeats per config and level; error bars: the 95% CI of each mean",
@@ -151,12 +172,7 @@ def throughput_vs_concurrency(
         subtitle.append(f"workload: {comparison.workload}")
     if clock.is_twin:
         subtitle.append(f"twin run at time scale {clock.time_scale:g}, shown for the modelled hardware")
-    chart_out: alt.LayerChart = alt.layer(bars, errors, values, text1, text2).properties(
-        width=max(420, 230 * len(levels)),
-        height=320,
-        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle),
-    )
-    return chart_out
+    return subtitle
 
 
 # -- latency -------------------------------------------------------------------------------------------------------
@@ -248,6 +264,16 @@ def latency_distributions(
     return chart_out
 
 
+#: A request's parts in the legend's order, with their colours.
+_REQUEST_PARTS = {
+    "queued for a slot": "#BBBBBB",
+    "waiting for first token": OKABE_ITO["orange"],
+    "decoding": OKABE_ITO["blue"],
+    "failed": OKABE_ITO["vermillion"],
+    "incomplete": OKABE_ITO["purple"],
+}
+
+
 def request_timeline(
     result: BenchResult,
     *,
@@ -261,7 +287,6 @@ def request_timeline(
     the run's reading clock (the modelled hardware for a twin run).
     """
     clock = result.clock
-    scale = clock.time_scale or 1.0
     df = result.requests
     if df.empty:
         raise PlotError("the result has no requests")
@@ -271,8 +296,26 @@ def request_timeline(
     shown = d
     if len(d) > max_requests:
         shown = d.iloc[np.linspace(0, len(d) - 1, max_requests).round().astype(int)].reset_index(drop=True)
+    data = _request_parts(shown, clock.time_scale or 1.0)
+    n = len(shown)
+    bar_px = max(1.0, min(10.0, 360 / max(n, 1)))
+    chart_out: alt.LayerChart = alt.layer(_request_bars(data, n, bar_px, clock)).properties(
+        width=WIDTH,
+        height=max(120, min(420, n * (bar_px + 1))),
+        title=alt.Title(
+            _request_title(result) if title is None else title if isinstance(title, str) else list(title),
+            subtitle=_request_subtitle(result, len(d), n),
+        ),
+    )
+    return chart_out
+
+
+def _request_parts(shown: pd.DataFrame, scale: float) -> pd.DataFrame:
+    """One row per part of each request (from, to on the reading clock): queued, first token, decoding; a
+    request that failed without a first token is one bar of its status."""
     rows = []
-    for order, r in enumerate(shown.itertuples()):
+    requests: Iterable[Any] = shown.itertuples()  # one namedtuple per request, fields as the frame's columns
+    for order, r in enumerate(requests):
         start = float(r.start_s)
         sched = float(r.scheduled_s)
         ttft = None if pd.isna(r.ttft_ms) else float(r.ttft_ms) / 1000
@@ -290,15 +333,15 @@ def request_timeline(
             rows.append(
                 {"request": order, "id": idx, "part": f"{r.status}", "from": start, "to": start + (e2e or 0.01)}
             )
-    data = pd.DataFrame(rows)
+    data: pd.DataFrame = pd.DataFrame(rows)
     data["from"] = data["from"] / scale
     data["to"] = data["to"] / scale
-    parts = ["queued for a slot", "waiting for first token", "decoding", "failed", "incomplete"]
-    colors = ["#BBBBBB", OKABE_ITO["orange"], OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["purple"]]
-    present = [p for p in parts if p in set(data["part"])]
-    n = len(shown)
-    bar_px = max(1.0, min(10.0, 360 / max(n, 1)))
-    chart = (
+    return data
+
+
+def _request_bars(data: pd.DataFrame, n: int, bar_px: float, clock: Clock) -> alt.Chart:
+    present = [p for p in _REQUEST_PARTS if p in set(data["part"])]
+    chart: alt.Chart = (
         alt.Chart(data)
         .mark_bar(height=bar_px)
         .encode(
@@ -308,7 +351,7 @@ def request_timeline(
                 "request:O", title=f"request (by send time), {n} shown", axis=alt.Axis(labels=n <= 40, ticks=n <= 40)
             ),
             color=alt.Color(
-                "part:N", title=None, scale=alt.Scale(domain=present, range=[colors[parts.index(p)] for p in present])
+                "part:N", title=None, scale=alt.Scale(domain=present, range=[_REQUEST_PARTS[p] for p in present])
             ),
             tooltip=[
                 alt.Tooltip("id:Q", title="request"),
@@ -318,21 +361,23 @@ def request_timeline(
             ],
         )
     )
+    return chart
+
+
+def _request_title(result: BenchResult) -> str:
     s = result.on_hardware
     c = "unlimited" if result.concurrency is None else str(result.concurrency)
-    if title is None:
-        title = f"{result.label or 'Run'}: {s.completed} of {plural(s.total, 'request')} at concurrency {c}"
+    return f"{result.label or 'Run'}: {s.completed} of {plural(s.total, 'request')} at concurrency {c}"
+
+
+def _request_subtitle(result: BenchResult, sent: int, shown: int) -> str:
+    s, clock = result.on_hardware, result.clock
     subtitle = f"median time to first token {fmt_ms(s.ttft_ms.median)}, end to end {fmt_ms(s.e2e_ms.median)}"
-    if len(d) > n:
-        subtitle += f"; every {len(d) / n:.1f}th of {plural(len(d), 'request')} shown"
+    if sent > shown:
+        subtitle += f"; every {sent / shown:.1f}th of {plural(sent, 'request')} shown"
     if clock.is_twin:
-        subtitle += f"; twin run at time scale {scale:g}, shown for the modelled hardware"
-    chart_out: alt.LayerChart = alt.layer(chart).properties(
-        width=WIDTH,
-        height=max(120, min(420, n * (bar_px + 1))),
-        title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle),
-    )
-    return chart_out
+        subtitle += f"; twin run at time scale {clock.time_scale or 1.0:g}, shown for the modelled hardware"
+    return subtitle
 
 
 # -- the gap ------------------------------------------------------------------------------------------------------

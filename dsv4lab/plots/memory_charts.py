@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import altair as alt
@@ -74,6 +75,55 @@ def _spans_frame(phases: Sequence[PhaseSpan] | pd.DataFrame | None, t0: pd.Times
     return frame
 
 
+@dataclass(frozen=True)
+class _TimeAxis:
+    """Seconds since sampling started -> the x axis: the reader's clock (:func:`_reading_time`), in seconds,
+    minutes or hours by the span shown."""
+
+    reading: Callable[[float], float]
+    div: float
+    unit: str
+    t_min: float
+    t_max: float
+
+    @classmethod
+    def over(cls, reading: Callable[[float], float], t: pd.Series) -> _TimeAxis:
+        first, last = float(t.min()), float(t.max())
+        span_s = reading(last) - reading(first)
+        # Seconds for a launch, minutes for a benchmark, hours for a day: tick labels stay short.
+        div, unit = (1.0, "s") if span_s <= 600 else (60.0, "min") if span_s <= 3 * 3600 else (3600.0, "h")
+        return cls(reading, div, unit, float(reading(first)) / div, float(reading(last)) / div)
+
+    def __call__(self, t: float) -> float:
+        return float(self.reading(t)) / self.div
+
+    def scale(self) -> alt.Scale:
+        return alt.Scale(domain=[self.t_min, self.t_max], nice=False)
+
+
+@dataclass(frozen=True)
+class _TimelineFrames:
+    """What a memory timeline draws, already on its axis: one line per GPU, the phase bands (None: no band
+    layer), the reference lines (capacity, the static cap), the OOM's point (None: not drawn)."""
+
+    lines: pd.DataFrame  # t, used_gib, GPU, width, _top (the highlighted GPU last)
+    spans: pd.DataFrame | None  # phase, start_s, end_s
+    refs: pd.DataFrame  # y, label, dash ("solid": capacity, "dashed": the static cap)
+    oom_point: pd.DataFrame | None  # t (kept inside the axis), used_gib, label
+    oom_at: float | None  # the OOM's time on the axis, which may lie outside the samples
+    oom: OomPoint | None
+    axis: _TimeAxis
+    clock: Clock
+    total_gib: float
+    gpu_names: list[str]
+    gpu_range: list[str]
+    t0: pd.Timestamp | None
+
+    @property
+    def y_scale(self) -> alt.Scale:
+        return alt.Scale(domain=[0, self.total_gib * 1.1], nice=False)  # room above capacity for the OOM label
+
+
 def memory_timeline(
     samples: pd.DataFrame,
     *,
@@ -103,21 +153,58 @@ def memory_timeline(
     it the line is estimated from the GPU's lowest sample. ``highlight`` (default: the OOM's GPU) is drawn
     thicker and on top.
     """
+    f = _timeline_frames(
+        samples,
+        log=log,
+        preflight=preflight,
+        phases=phases,
+        oom=oom,
+        mem_fraction_static=mem_fraction_static,
+        free_before_load_gib=free_before_load_gib,
+        gpus=gpus,
+        highlight=highlight,
+        max_points=max_points,
+        clock=clock,
+    )
+    layers: list[Any] = [] if f.spans is None else [_phase_bands(f, f.spans)]
+    layers += [_memory_lines(f), _reference_rules(f), *_reference_labels(f)]
+    if f.oom_point is not None and f.oom_at is not None:
+        layers += _oom_marker(f, f.oom_point, f.oom_at)
+    chart = alt.layer(*layers).resolve_scale(color="independent", strokeDash="independent")
+    out: alt.LayerChart = chart.properties(
+        width=WIDTH,
+        height=320,
+        title=alt.Title(_timeline_title(f, config, title), subtitle=_timeline_subtitle(f, samples)),
+    )
+    return out
+
+
+# -- the timeline's data ---------------------------------------------------------------------------------------
+
+
+def _timeline_frames(
+    samples: pd.DataFrame,
+    *,
+    log: LogSource | None,
+    preflight: Preflight | None,
+    phases: Sequence[PhaseSpan] | pd.DataFrame | None,
+    oom: OomPoint | None,
+    mem_fraction_static: float | None,
+    free_before_load_gib: float | None,
+    gpus: Sequence[int] | None,
+    highlight: int | None,
+    max_points: int,
+    clock: Clock | None,
+) -> _TimelineFrames:
+    """The samples, phases, references and OOM as the chart's frames, every time on the reader's clock."""
     if samples is None or samples.empty:
         raise PlotError("no GPU samples to draw (was the sampler started before the server?)")
     if log is not None:
-        events = log_events(log)
-        host_tz = _dt.timezone(_dt.timedelta(seconds=int(samples.attrs.get("utc_offset_s", 0))))
-        tz = host_tz if "utc_offset_s" in samples.attrs else None
-        phases = phases if phases is not None else phases_from_log(events, tz=tz)
-        oom = oom if oom is not None else oom_point(events, tz=tz)
+        phases, oom = _phases_and_oom_from_log(samples, log, phases, oom)
     if preflight is not None:
         mem_fraction_static = mem_fraction_static or preflight.settings.mem_fraction_static
         if free_before_load_gib is None:
-            focus = oom.gpu if oom is not None and oom.gpu is not None else highlight
-            if focus is None or focus >= len(preflight.per_gpu):
-                focus = min(preflight.per_gpu, key=lambda g: g.free_before_load_gib).gpu
-            free_before_load_gib = preflight.per_gpu[focus].free_before_load_gib
+            free_before_load_gib = _preflight_free_before_load(preflight, oom, highlight)
     data = samples if gpus is None else samples[samples["gpu"].isin(list(gpus))]
     if data.empty:
         raise PlotError(f"no samples for GPUs {list(gpus or [])}; the frame has {sorted(samples['gpu'].unique())}")
@@ -132,17 +219,55 @@ def memory_timeline(
         scale = samples.attrs.get("time_scale")
         clock = Clock.twin(float(scale)) if isinstance(scale, (int, float)) and scale > 0 else REAL
     spans = _spans_frame(phases, t0)
-    reading = _reading_time(clock, spans)
-    span_s = reading(float(data["t"].max())) - reading(float(data["t"].min()))
-    # Seconds for a launch, minutes for a benchmark, hours for a day: tick labels stay short.
-    div, unit = (1.0, "s") if span_s <= 600 else (60.0, "min") if span_s <= 3 * 3600 else (3600.0, "h")
-
-    def axis(t: float) -> float:
-        return float(reading(t)) / div
-
-    t_max = axis(float(data["t"].max()))
-    t_min = axis(float(data["t"].min()))
+    axis = _TimeAxis.over(_reading_time(clock, spans), data["t"])
     total = float(data["total_mib"].max()) / 1024
+    lines, gpu_names, gpu_range = _lines_frame(data, axis, highlight)
+    oom_at = (
+        axis((oom.time - t0).total_seconds()) if oom is not None and oom.time is not None and t0 is not None else None
+    )
+    return _TimelineFrames(
+        lines=lines,
+        spans=None if spans.empty else _spans_on_axis(spans, axis),
+        refs=_refs_frame(data, total, highlight, mem_fraction_static, free_before_load_gib),
+        oom_point=None if oom is None or oom_at is None else _oom_frame(oom, oom_at, axis, lines, total),
+        oom_at=oom_at,
+        oom=oom,
+        axis=axis,
+        clock=clock,
+        total_gib=total,
+        gpu_names=gpu_names,
+        gpu_range=gpu_range,
+        t0=t0,
+    )
+
+
+def _phases_and_oom_from_log(
+    samples: pd.DataFrame,
+    log: LogSource,
+    phases: Sequence[PhaseSpan] | pd.DataFrame | None,
+    oom: OomPoint | None,
+) -> tuple[Sequence[PhaseSpan] | pd.DataFrame, OomPoint | None]:
+    """What the caller did not give, read from the log in the host's timezone (the UTC offset the samples carry)."""
+    events = log_events(log)
+    host_tz = _dt.timezone(_dt.timedelta(seconds=int(samples.attrs.get("utc_offset_s", 0))))
+    tz = host_tz if "utc_offset_s" in samples.attrs else None
+    phases = phases if phases is not None else phases_from_log(events, tz=tz)
+    oom = oom if oom is not None else oom_point(events, tz=tz)
+    return phases, oom
+
+
+def _preflight_free_before_load(preflight: Preflight, oom: OomPoint | None, highlight: int | None) -> float:
+    """The free memory before load of the GPU the chart is about: the OOM's, the highlighted, else the tightest."""
+    focus = oom.gpu if oom is not None and oom.gpu is not None else highlight
+    if focus is None or focus >= len(preflight.per_gpu):
+        focus = min(preflight.per_gpu, key=lambda g: g.free_before_load_gib).gpu
+    return preflight.per_gpu[focus].free_before_load_gib
+
+
+def _lines_frame(
+    data: pd.DataFrame, axis: _TimeAxis, highlight: int | None
+) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """The lines' rows with the GPUs' names and colours; the highlighted GPU is black, thicker, and last."""
     lines = pd.DataFrame(
         {
             "t": [round(axis(float(t)), 4) for t in data["t"]],
@@ -156,74 +281,36 @@ def memory_timeline(
     gpu_range = ["#000000" if name == f"GPU {highlight}" else palette[i] for i, name in enumerate(gpu_names)]
     # The highlighted GPU is drawn last, on top of the others it overlaps.
     lines = lines.assign(_top=(lines["GPU"] == f"GPU {highlight}").astype(int)).sort_values(["_top", "GPU", "t"])
-    since = "the server's first log line" if clock.is_twin and not spans.empty else "sampling started"
-    x = alt.X(
-        "t:Q",
-        title=f"time since {since} ({unit}, modelled hardware)" if clock.is_twin else f"time since {since} ({unit})",
-        scale=alt.Scale(domain=[t_min, t_max], nice=False),
-        axis=alt.Axis(tickCount=10, labelOverlap=True),
+    return lines, gpu_names, gpu_range
+
+
+def _spans_on_axis(spans: pd.DataFrame, axis: _TimeAxis) -> pd.DataFrame:
+    """The bands on the axis, cut to the samples' time range; the last one (crash, serving) runs to the end."""
+    spans = spans.assign(
+        start_s=[axis(float(t)) for t in spans["start_s"]], end_s=[axis(float(t)) for t in spans["end_s"]]
     )
-    y_scale = alt.Scale(domain=[0, total * 1.1], nice=False)  # room above capacity for the OOM label
-    layers: list[Any] = []
+    spans["start_s"] = spans["start_s"].clip(lower=axis.t_min, upper=axis.t_max)
+    spans["end_s"] = spans["end_s"].clip(lower=axis.t_min, upper=axis.t_max)
+    if spans.iloc[-1]["phase"] in ("crash", "serving"):
+        spans.loc[spans.index[-1], "end_s"] = axis.t_max  # the log ends; the memory story does not
+    out: pd.DataFrame = spans[spans["end_s"] > spans["start_s"]]
+    return out
 
-    spans["start_s"] = [axis(float(t)) for t in spans["start_s"]]
-    spans["end_s"] = [axis(float(t)) for t in spans["end_s"]]
-    if not spans.empty:
-        spans["start_s"] = spans["start_s"].clip(lower=t_min, upper=t_max)
-        spans["end_s"] = spans["end_s"].clip(lower=t_min, upper=t_max)
-        if spans.iloc[-1]["phase"] in ("crash", "serving"):
-            spans.loc[spans.index[-1], "end_s"] = t_max  # the log ends; the memory story does not
-        spans = spans[spans["end_s"] > spans["start_s"]]
-        domain = [p for p in PHASE_COLORS if p in set(spans["phase"])]
-        layers.append(
-            alt.Chart(spans)
-            .mark_rect(opacity=0.16)
-            .encode(
-                x=alt.X("start_s:Q", scale=alt.Scale(domain=[t_min, t_max], nice=False)),
-                x2="end_s:Q",
-                color=alt.Color(
-                    "phase:N",
-                    title="startup phase (from the log)",
-                    scale=alt.Scale(domain=domain, range=[PHASE_COLORS[p] for p in domain]),
-                    legend=alt.Legend(orient="right", symbolOpacity=0.5),
-                ),
-                tooltip=[
-                    alt.Tooltip("phase:N"),
-                    alt.Tooltip("start_s:Q", format=".2f"),
-                    alt.Tooltip("end_s:Q", format=".2f"),
-                ],
-            )
-        )
 
-    layers.append(
-        alt.Chart(lines)
-        .mark_line(interpolate="step-after")
-        .encode(
-            x=x,
-            y=alt.Y("used_gib:Q", title="GPU memory used (GiB)", scale=y_scale),
-            color=alt.Color(
-                "GPU:N",
-                title="GPU (nvidia-smi index)",
-                scale=alt.Scale(domain=gpu_names, range=gpu_range),
-                sort=gpu_names,
-            ),
-            order=alt.Order("_top:Q"),
-            strokeWidth=alt.StrokeWidth("width:Q", scale=None, legend=None),
-            detail="GPU:N",
-            tooltip=[
-                alt.Tooltip("GPU:N"),
-                alt.Tooltip("t:Q", format=".2f", title=unit),
-                alt.Tooltip("used_gib:Q", format=".2f", title="GiB"),
-            ],
-        )
-    )
-
+def _refs_frame(
+    data: pd.DataFrame,
+    total: float,
+    highlight: int | None,
+    mem_fraction_static: float | None,
+    free_before_load_gib: float | None,
+) -> pd.DataFrame:
+    """The capacity line, and the cap SGLang puts on weights + KV pool: context and other processes plus
+    ``mem_fraction_static`` of the free memory before load (estimated from the lowest sample when not given)."""
     refs = [{"y": total, "label": f"capacity {total:.1f} GiB", "dash": "solid"}]
     if mem_fraction_static is not None:
         if free_before_load_gib is None:
-            lowest = float(
-                data.loc[data["gpu"] == (highlight if highlight is not None else data["gpu"].iloc[0]), "used_mib"].min()
-            )
+            gpu = highlight if highlight is not None else data["gpu"].iloc[0]
+            lowest = float(data.loc[data["gpu"] == gpu, "used_mib"].min())
             free_before_load_gib = total - lowest / 1024
             approx = "≈ "
         else:
@@ -236,27 +323,111 @@ def memory_timeline(
                 "dash": "dashed",
             }
         )
-    ref_frame = pd.DataFrame(refs)
-    layers.append(
-        alt.Chart(ref_frame)
+    frame: pd.DataFrame = pd.DataFrame(refs)
+    return frame
+
+
+def _oom_frame(oom: OomPoint, oom_t: float, axis: _TimeAxis, lines: pd.DataFrame, total: float) -> pd.DataFrame:
+    """Where the OOM is drawn: at the failed allocation's time and the memory the GPU held (when the log does
+    not say, its line's peak)."""
+    used = oom.used_gib
+    if used is None or not np.isfinite(used):
+        near = lines[lines["GPU"] == f"GPU {oom.gpu}"]
+        used = float(near["used_gib"].max()) if len(near) else total
+    point: pd.DataFrame = pd.DataFrame(
+        [{"t": min(max(oom_t, axis.t_min), axis.t_max), "used_gib": used, "label": oom.label()}]
+    )
+    return point
+
+
+# -- the timeline's layers -------------------------------------------------------------------------------------
+
+
+def _phase_bands(f: _TimelineFrames, spans: pd.DataFrame) -> alt.Chart:
+    domain = [p for p in PHASE_COLORS if p in set(spans["phase"])]
+    chart: alt.Chart = (
+        alt.Chart(spans)
+        .mark_rect(opacity=0.16)
+        .encode(
+            x=alt.X("start_s:Q", scale=f.axis.scale()),
+            x2="end_s:Q",
+            color=alt.Color(
+                "phase:N",
+                title="startup phase (from the log)",
+                scale=alt.Scale(domain=domain, range=[PHASE_COLORS[p] for p in domain]),
+                legend=alt.Legend(orient="right", symbolOpacity=0.5),
+            ),
+            tooltip=[
+                alt.Tooltip("phase:N"),
+                alt.Tooltip("start_s:Q", format=".2f"),
+                alt.Tooltip("end_s:Q", format=".2f"),
+            ],
+        )
+    )
+    return chart
+
+
+def _memory_lines(f: _TimelineFrames) -> alt.Chart:
+    since = "the server's first log line" if f.clock.is_twin and f.spans is not None else "sampling started"
+    unit = f.axis.unit
+    x = alt.X(
+        "t:Q",
+        title=f"time since {since} ({unit}, modelled hardware)" if f.clock.is_twin else f"time since {since} ({unit})",
+        scale=f.axis.scale(),
+        axis=alt.Axis(tickCount=10, labelOverlap=True),
+    )
+    chart: alt.Chart = (
+        alt.Chart(f.lines)
+        .mark_line(interpolate="step-after")
+        .encode(
+            x=x,
+            y=alt.Y("used_gib:Q", title="GPU memory used (GiB)", scale=f.y_scale),
+            color=alt.Color(
+                "GPU:N",
+                title="GPU (nvidia-smi index)",
+                scale=alt.Scale(domain=f.gpu_names, range=f.gpu_range),
+                sort=f.gpu_names,
+            ),
+            order=alt.Order("_top:Q"),
+            strokeWidth=alt.StrokeWidth("width:Q", scale=None, legend=None),
+            detail="GPU:N",
+            tooltip=[
+                alt.Tooltip("GPU:N"),
+                alt.Tooltip("t:Q", format=".2f", title=unit),
+                alt.Tooltip("used_gib:Q", format=".2f", title="GiB"),
+            ],
+        )
+    )
+    return chart
+
+
+def _reference_rules(f: _TimelineFrames) -> alt.Chart:
+    chart: alt.Chart = (
+        alt.Chart(f.refs)
         .mark_rule(color="#333333", strokeWidth=1.2)
         .encode(
-            y=alt.Y("y:Q", scale=y_scale),
+            y=alt.Y("y:Q", scale=f.y_scale),
             strokeDash=alt.StrokeDash(
                 "dash:N", scale=alt.Scale(domain=["solid", "dashed"], range=[[1, 0], [6, 4]]), legend=None
             ),
         )
     )
-    # Capacity's label under its line, the cap's over its line, at whichever end of the chart has no line
-    # where the text would go (usually the left, before the memory rises).
-    y_top = total * 1.1
-    for row in ref_frame.itertuples():
-        below = row.dash == "solid"
-        band = (row.y - 0.07 * y_top, row.y) if below else (row.y, row.y + 0.07 * y_top)
-        width = min(0.95, len(str(row.label)) * 6.6 / WIDTH) * (t_max - t_min)
-        side = _free_side(lines, band, width, t_min, t_max)
-        layers.append(
-            alt.Chart(pd.DataFrame([{"x": t_min if side == "left" else t_max, "y": row.y, "label": row.label}]))
+    return chart
+
+
+def _reference_labels(f: _TimelineFrames) -> list[alt.Chart]:
+    """Capacity's label under its line, the cap's over its line, at whichever end of the chart has no line
+    where the text would go (usually the left, before the memory rises)."""
+    t_min, t_max = f.axis.t_min, f.axis.t_max
+    y_top = f.total_gib * 1.1
+    labels = []
+    for y, label, dash in zip(f.refs["y"], f.refs["label"], f.refs["dash"], strict=True):
+        below = dash == "solid"
+        band = (float(y) - 0.07 * y_top, float(y)) if below else (float(y), float(y) + 0.07 * y_top)
+        width = min(0.95, len(str(label)) * 6.6 / WIDTH) * (t_max - t_min)
+        side = _free_side(f.lines, band, width, t_min, t_max)
+        labels.append(
+            alt.Chart(pd.DataFrame([{"x": t_min if side == "left" else t_max, "y": y, "label": label}]))
             .mark_text(
                 align=side,
                 baseline="top" if below else "bottom",
@@ -265,73 +436,62 @@ def memory_timeline(
                 fontSize=11,
                 color="#333333",
             )
-            .encode(
-                x=alt.X("x:Q", scale=alt.Scale(domain=[t_min, t_max], nice=False)),
-                y=alt.Y("y:Q", scale=y_scale),
-                text="label:N",
-            )
+            .encode(x=alt.X("x:Q", scale=f.axis.scale()), y=alt.Y("y:Q", scale=f.y_scale), text="label:N")
         )
+    return labels
 
-    if oom is not None and oom.time is not None and t0 is not None:
-        oom_t = axis((oom.time - t0).total_seconds())
-        used = oom.used_gib
-        if used is None or not np.isfinite(used):
-            near = lines[lines["GPU"] == f"GPU {oom.gpu}"]
-            used = float(near["used_gib"].max()) if len(near) else total
-        point = pd.DataFrame([{"t": min(max(oom_t, t_min), t_max), "used_gib": used, "label": oom.label()}])
-        layers.append(
-            alt.Chart(point)
-            .mark_point(
-                shape="diamond", size=160, filled=True, color=BUDGET_COLORS["short"], stroke="black", strokeWidth=1
-            )
-            .encode(
-                x=alt.X("t:Q", scale=alt.Scale(domain=[t_min, t_max], nice=False)),
-                y=alt.Y("used_gib:Q", scale=y_scale),
-                tooltip=["label:N"],
-            )
-        )
-        # Above the capacity line nothing else is drawn: the label cannot hide a line there.
-        right = oom_t > t_min + 0.5 * (t_max - t_min)
-        layers.append(
-            alt.Chart(point.assign(cap=total))
-            .mark_text(
-                align="right" if right else "left",
-                baseline="bottom",
-                dx=8 if right else -8,
-                dy=-6,
-                fontSize=12,
-                fontWeight="bold",
-                color=BUDGET_COLORS["short"],
-            )
-            .encode(
-                x=alt.X("t:Q", scale=alt.Scale(domain=[t_min, t_max], nice=False)),
-                y=alt.Y("cap:Q", scale=y_scale),
-                text="label:N",
-            )
-        )
 
-    subject = config or "GPU memory"
-    if title is None:
-        if oom is not None:
-            where = f" in {oom.phase}" if oom.phase else ""
-            title = f"{subject}: GPU {oom.gpu} ran out of memory{where}"
-        else:
-            peak = float(lines["used_gib"].max())
-            title = f"{subject}: peak {peak:.1f} of {total:.1f} GiB per GPU"
-    start = ""
-    if t0 is not None:
-        start = f" from {t0.strftime('%Y-%m-%d %H:%M:%S')} (host time, UTC{_offset(t0)})"
-    interval = samples.attrs.get("interval_ms")
-    every = f" every {fmt_ms(clock.seconds(float(interval)))}" if interval else ""
-    gpus_text = plural(len(gpu_names), "GPU")
-    subtitle = f"nvidia-smi on the server host{every}{start}; {gpus_text}"
-    if clock.is_twin:
-        subtitle += f"; twin run at time scale {clock.time_scale:g}, times shown for the modelled hardware"
-    chart = alt.layer(*layers).resolve_scale(color="independent", strokeDash="independent")
-    out: alt.LayerChart = chart.properties(
-        width=WIDTH, height=320, title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
+def _oom_marker(f: _TimelineFrames, point: pd.DataFrame, oom_t: float) -> list[alt.Chart]:
+    """The diamond at the failed allocation, and its figures above the capacity line, where nothing else is
+    drawn (the label cannot hide a line there)."""
+    diamond = (
+        alt.Chart(point)
+        .mark_point(shape="diamond", size=160, filled=True, color=BUDGET_COLORS["short"], stroke="black", strokeWidth=1)
+        .encode(
+            x=alt.X("t:Q", scale=f.axis.scale()),
+            y=alt.Y("used_gib:Q", scale=f.y_scale),
+            tooltip=["label:N"],
+        )
     )
-    return out
+    t_min, t_max = f.axis.t_min, f.axis.t_max
+    right = oom_t > t_min + 0.5 * (t_max - t_min)
+    label = (
+        alt.Chart(point.assign(cap=f.total_gib))
+        .mark_text(
+            align="right" if right else "left",
+            baseline="bottom",
+            dx=8 if right else -8,
+            dy=-6,
+            fontSize=12,
+            fontWeight="bold",
+            color=BUDGET_COLORS["short"],
+        )
+        .encode(x=alt.X("t:Q", scale=f.axis.scale()), y=alt.Y("cap:Q", scale=f.y_scale), text="label:N")
+    )
+    return [diamond, label]
+
+
+def _timeline_title(f: _TimelineFrames, config: str, title: str | Sequence[str] | None) -> str | list[str]:
+    if title is not None:
+        return title if isinstance(title, str) else list(title)
+    subject = config or "GPU memory"
+    if f.oom is not None:
+        where = f" in {f.oom.phase}" if f.oom.phase else ""
+        return f"{subject}: GPU {f.oom.gpu} ran out of memory{where}"
+    peak = float(f.lines["used_gib"].max())
+    return f"{subject}: peak {peak:.1f} of {f.total_gib:.1f} GiB per GPU"
+
+
+def _timeline_subtitle(f: _TimelineFrames, samples: pd.DataFrame) -> str:
+    start = ""
+    if f.t0 is not None:
+        start = f" from {f.t0.strftime('%Y-%m-%d %H:%M:%S')} (host time, UTC{_offset(f.t0)})"
+    interval = samples.attrs.get("interval_ms")
+    every = f" every {fmt_ms(f.clock.seconds(float(interval)))}" if interval else ""
+    subtitle = f"nvidia-smi on the server host{every}{start}; {plural(len(f.gpu_names), 'GPU')}"
+    if f.clock.is_twin:
+        subtitle += f"; twin run at time scale {f.clock.time_scale:g}, times shown for the modelled hardware"
+    return subtitle
 
 
 def _reading_time(clock: Clock, spans: pd.DataFrame) -> Callable[[float], float]:
@@ -410,6 +570,31 @@ def memory_budget(
     ``{"Config A": (preflight, observed), ...}``. ``gpus="focus"`` shows each config's failing GPU (else its
     tightest); ``"all"`` every GPU; or a list of indices.
     """
+    frame = _budget_panels(_budget_input(data), gpus)
+    panels = list(dict.fromkeys(frame["panel"]))
+    total = float(frame["total_gib"].dropna().max()) if frame["total_gib"].notna().any() else None
+    frame = frame.merge(_bar_tops(frame), on=["panel", "source"], how="left")
+    chart = alt.layer(*_budget_layers(frame, total)).properties(width=150, height=360)
+    faceted: alt.FacetChart = (
+        chart.facet(
+            column=alt.Column(
+                "panel:N", title=None, sort=panels, header=alt.Header(labelFontSize=13, labelFontWeight="bold")
+            ),
+            spacing=18,
+        )
+        .resolve_scale(x="independent")
+        .properties(
+            title=alt.Title(
+                _budget_title(frame) if title is None else title if isinstance(title, str) else list(title),
+                subtitle=_budget_subtitle(frame, total),
+            )
+        )
+    )
+    return faceted
+
+
+def _budget_input(data: BudgetInput) -> pd.DataFrame:
+    """One tidy budget frame, from budget_frame output or a mapping of configs to (preflight, observed)."""
     if isinstance(data, Mapping):
         frames = [budget_frame(p, o, config=name) for name, (p, o) in data.items()]
         frame = pd.concat([f for f in frames if not f.empty], ignore_index=True) if frames else pd.DataFrame()
@@ -417,9 +602,13 @@ def memory_budget(
         frame = data.copy()
     if frame.empty:
         raise PlotError("no budget to draw: give a preflight, an observed budget or both for at least one config")
-    configs = list(dict.fromkeys(frame["config"]))
+    return frame
+
+
+def _budget_panels(frame: pd.DataFrame, gpus: str | Sequence[int]) -> pd.DataFrame:
+    """The chosen GPUs of each config, each a panel (``config · GPU n``), with the bars' notes."""
     parts = []
-    for name in configs:
+    for name in dict.fromkeys(frame["config"]):
         f = frame[frame["config"] == name]
         if gpus == "focus":
             chosen = [_focus_gpu(f)]
@@ -428,21 +617,28 @@ def memory_budget(
         else:
             chosen = [int(g) for g in gpus if g in set(f["gpu"])]
         parts.append(f[f["gpu"].isin(chosen)])
-    frame = pd.concat(parts, ignore_index=True)
-    if frame.empty:
+    out: pd.DataFrame = pd.concat(parts, ignore_index=True)
+    if out.empty:
         raise PlotError(f"none of the GPUs {gpus} is in the budget")
-    frame["panel"] = [f"{c} · GPU {g}" if c else f"GPU {g}" for c, g in zip(frame["config"], frame["gpu"], strict=True)]
-    frame["gib"] = frame["gib"].round(3)
-    frame["note"] = np.where(frame["estimated"], "copied from TP rank 0 (not logged by this rank)", "")
-    panels = list(dict.fromkeys(frame["panel"]))
-    tops = pd.DataFrame(
+    out["panel"] = [f"{c} · GPU {g}" if c else f"GPU {g}" for c, g in zip(out["config"], out["gpu"], strict=True)]
+    out["gib"] = out["gib"].round(3)
+    out["note"] = np.where(out["estimated"], "copied from TP rank 0 (not logged by this rank)", "")
+    return out
+
+
+def _bar_tops(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each bar's height and the label over it."""
+    tops: pd.DataFrame = pd.DataFrame(
         [
             {"panel": panel, "source": source, "top": float(g["gib"].sum()), "label": _bar_label(g, str(source))}
             for (panel, source), g in frame.groupby(["panel", "source"], sort=False)
         ]
     )
-    total = float(frame["total_gib"].dropna().max()) if frame["total_gib"].notna().any() else None
-    frame = frame.merge(tops, on=["panel", "source"], how="left")
+    return tops
+
+
+def _budget_layers(frame: pd.DataFrame, total: float | None) -> list[alt.Chart]:
+    """The stacked bars, the label over each, and the card's capacity as a dashed rule."""
     cats = [c for c in CATEGORIES if c in set(frame["category"])]
     y_max = float(frame["top"].max()) * 1.12
     base = alt.Chart(frame)
@@ -472,15 +668,17 @@ def memory_budget(
         .mark_text(baseline="bottom", dy=-5, fontSize=11, fontWeight="bold", color="#222222")
         .encode(x=x, y=alt.Y("top:Q"), text="label:N")
     )
-    layers: list[Any] = [bars, labels]
+    layers = [bars, labels]
     if total is not None:
         layers.append(
             base.transform_filter(alt.datum.order == 0)
             .mark_rule(color="#222222", strokeDash=[6, 3], strokeWidth=1.2)
             .encode(y=alt.datum(total))
         )
-    if title is None:
-        title = _budget_title(frame)
+    return layers
+
+
+def _budget_subtitle(frame: pd.DataFrame, total: float | None) -> list[str]:
     subtitle = ["left bar: memory model (preflight) · right bar: what the server log reports · labels in GiB"]
     notes = []
     if total is not None:
@@ -489,18 +687,7 @@ def memory_budget(
         notes.append("pale: not logged by this GPU's rank, taken from TP rank 0")
     if notes:
         subtitle.append(" · ".join(notes))
-    chart = alt.layer(*layers).properties(width=150, height=360)
-    faceted: alt.FacetChart = (
-        chart.facet(
-            column=alt.Column(
-                "panel:N", title=None, sort=panels, header=alt.Header(labelFontSize=13, labelFontWeight="bold")
-            ),
-            spacing=18,
-        )
-        .resolve_scale(x="independent")
-        .properties(title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle))
-    )
-    return faceted
+    return subtitle
 
 
 def _budget_title(frame: pd.DataFrame) -> str:

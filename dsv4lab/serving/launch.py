@@ -503,36 +503,11 @@ def launch(
         _retry(lambda: check_host(host, config, target=target, python=python, timeout_s=timeout_s))
     run_dir = _retry(lambda: host.absolute_path(run_dir))
     layout = RunLayout(run_dir)
-    # Private: the run dir holds env.sh with the server's secrets (0600 inside a 0700 dir; see render).
-    _retry(lambda: host.run(["bash", "-c", _PRIVATE_DIR, "dsv4lab-mkdir", run_dir], timeout_s=timeout_s).check())
-    previous = _read_handle(host, run_dir)
-    if previous is not None and _retry(lambda: host.is_alive(int(previous["launcher_pid"]))):
-        if not replace_stale:
-            raise LaunchError(
-                f"run dir {run_dir} on {host.name} already has a running server (launcher PID "
-                f"{previous['launcher_pid']}); stop it first or use another run dir"
-            )
-        host.kill_tree(int(previous["launcher_pid"]), grace_s=10.0)
+    _claim_run_dir(host, run_dir, replace_stale, timeout_s)
+    _reserve_port(host, config.port, run_dir, replace_stale, timeout_s)
     try:
-        _retry(lambda: reserve_port(host, config.port, run_dir, timeout_s=timeout_s))
-    except StaleServerError as exc:
-        if not replace_stale or not exc.pids:
-            raise
-        host.kill_tree(exc.pids[0], grace_s=10.0)
-        _retry(lambda: reserve_port(host, config.port, run_dir, timeout_s=timeout_s))
-    try:
-        listening, pids = _retry(lambda: find_listener(host, config.port, timeout_s=timeout_s))
-        if listening:
-            if not replace_stale or not pids:
-                raise StaleServerError(host.name, config.port, pids)
-            for pid in pids:
-                host.kill_tree(pid, grace_s=10.0)
-        # An old stop marker would make the new server's death a "stop"; an old launcher.pid would be taken
-        # for this launch's if the connection dropped while starting it.
-        old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]
-        _retry(lambda: host.run(old, timeout_s=timeout_s).check())
-        _retry(lambda: host.put_text(layout.config_file, config.to_toml(redact=True), mode=0o600))
-        _retry(lambda: host.put_text(layout.env_file, render_env_file(config), mode=0o600))
+        _free_port(host, config.port, replace_stale, timeout_s)
+        _upload_config(host, layout, config, timeout_s)
         script = render_launch_script(
             config, run_dir=run_dir, sglang_version=release, python=python, target=target, twin_env=twin_env
         )
@@ -546,17 +521,8 @@ def launch(
     try:
         claim = ["bash", "-c", _ports_script(_CLAIM_PORT), "dsv4lab-port", str(config.port), run_dir, str(pid)]
         _retry(lambda: host.run(claim, timeout_s=timeout_s))
-        handle = ServerHandle(
-            host,
-            config,
-            run_dir,
-            pid,
-            started,
-            target,
-            release.version,
-            config.node_rank,
-            {"twin_env": dict(twin_env or {}), "python": python},
-        )
+        extra = {"twin_env": dict(twin_env or {}), "python": python}
+        handle = ServerHandle(host, config, run_dir, pid, started, target, release.version, config.node_rank, extra)
         record = json.dumps(handle.to_dict(), indent=2)
         _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record, mode=0o600))
     except BaseException:
@@ -567,6 +533,50 @@ def launch(
             release_port(host, config.port, run_dir)
         raise
     return handle
+
+
+def _claim_run_dir(host: Host, run_dir: str, replace_stale: bool, timeout_s: float) -> None:
+    """The run dir, private; a server still running from it is refused (or, with ``replace_stale``, killed)."""
+    # Private: the run dir holds env.sh with the server's secrets (0600 inside a 0700 dir; see render).
+    _retry(lambda: host.run(["bash", "-c", _PRIVATE_DIR, "dsv4lab-mkdir", run_dir], timeout_s=timeout_s).check())
+    previous = _read_handle(host, run_dir)
+    if previous is not None and _retry(lambda: host.is_alive(int(previous["launcher_pid"]))):
+        if not replace_stale:
+            raise LaunchError(
+                f"run dir {run_dir} on {host.name} already has a running server (launcher PID "
+                f"{previous['launcher_pid']}); stop it first or use another run dir"
+            )
+        host.kill_tree(int(previous["launcher_pid"]), grace_s=10.0)
+
+
+def _reserve_port(host: Host, port: int, run_dir: str, replace_stale: bool, timeout_s: float) -> None:
+    """This launch's reservation of the port; another live launch's is refused (or replaced)."""
+    try:
+        _retry(lambda: reserve_port(host, port, run_dir, timeout_s=timeout_s))
+    except StaleServerError as exc:
+        if not replace_stale or not exc.pids:
+            raise
+        host.kill_tree(exc.pids[0], grace_s=10.0)
+        _retry(lambda: reserve_port(host, port, run_dir, timeout_s=timeout_s))
+
+
+def _free_port(host: Host, port: int, replace_stale: bool, timeout_s: float) -> None:
+    """Nothing may listen on the port already (a server started by hand, or one whose run dir is gone)."""
+    listening, pids = _retry(lambda: find_listener(host, port, timeout_s=timeout_s))
+    if listening:
+        if not replace_stale or not pids:
+            raise StaleServerError(host.name, port, pids)
+        for pid in pids:
+            host.kill_tree(pid, grace_s=10.0)
+
+
+def _upload_config(host: Host, layout: RunLayout, config: ServerConfig, timeout_s: float) -> None:
+    # An old stop marker would make the new server's death a "stop"; an old launcher.pid would be taken
+    # for this launch's if the connection dropped while starting it.
+    old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]
+    _retry(lambda: host.run(old, timeout_s=timeout_s).check())
+    _retry(lambda: host.put_text(layout.config_file, config.to_toml(redact=True), mode=0o600))
+    _retry(lambda: host.put_text(layout.env_file, render_env_file(config), mode=0o600))
 
 
 def launch_nodes(

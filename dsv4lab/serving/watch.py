@@ -329,6 +329,32 @@ def _clock_origin(handle: ServerHandle, now: float) -> float:
     return now - age if 0.0 <= age <= LAUNCH_CLOCK_MAX_S else now
 
 
+@dataclass(frozen=True)
+class _Intervals:
+    """How often a watch looks (s): what wait_ready was given."""
+
+    stall_s: float
+    liveness_s: float
+    health_s: float
+    http_timeout_s: float
+    dying_grace_s: float
+
+
+@dataclass
+class _Seen:
+    """What a watch has seen and when (``time.monotonic()``), and when it looks at the process and /health
+    next."""
+
+    last_line_at: float
+    next_liveness: float
+    next_health: float
+    fatal_at: float | None = None
+    definitive_at: float | None = None  # a fatal line death follows (not a bare Traceback header)
+    ready_at: float | None = None
+    server_pid: int | None = None
+    last_look: bool = False  # the deadline passed: one more round, then TIMEOUT
+
+
 class _Watch:
     """The state of one watch: what has been seen, and the connections to close."""
 
@@ -498,22 +524,13 @@ class _Watch:
         exit_status_wait_s: float,
         on_line: Callable[[str], None] | None,
     ) -> Readiness:
-        h = self.handle
-        host = h.host
-        start = self.start
-        last_line_at = start
-        next_liveness = start
-        next_health = start + health_every_s
-        fatal_at: float | None = None
-        definitive_at: float | None = None
-        ready_at: float | None = None
-        server_pid: int | None = None
-        last_look = False
+        every = _Intervals(stall_after_s, liveness_every_s, health_every_s, http_timeout_s, dying_grace_s)
+        seen = _Seen(last_line_at=self.start, next_liveness=self.start, next_health=self.start + health_every_s)
         self.connect(reconnect_max_s)
         while True:
             now = time.monotonic()
-            if now - start > timeout_s:
-                if last_look:
+            if now - self.start > timeout_s:
+                if seen.last_look:
                     return self.finish(
                         Verdict.TIMEOUT,
                         f"not ready after {timeout_s:.0f} s (last phase: {self.last_phase or 'none seen'})",
@@ -523,82 +540,109 @@ class _Watch:
                 # One more look at the log, the process and /health before giving up: after a pause on this
                 # side (a laptop that slept, a stopped process) the deadline passes unseen, and the server may
                 # have become ready (or died) meanwhile. The verdict is the server's state now.
-                last_look = True
-                next_liveness = next_health = now
+                seen.last_look = True
+                seen.next_liveness = seen.next_health = now
             try:
-                assert self.follower is not None
-                new = self.follower.poll(0.05 if fatal_at else 0.2)
-                self.offset = self.follower.resume_offset
-                for item in new:
-                    text = item.text
-                    kind = self.add(text)
-                    last_line_at = time.monotonic()
-                    if on_line is not None:
-                        on_line(text)
-                    label = _PHASE_LABEL.get(kind)
-                    if label is not None:
-                        self.mark(label)
-                    if kind is LineKind.READY and ready_at is None:
-                        ready_at = time.monotonic()
-                        self.ready_log_t = self.log_t()
-                    elif _is_fatal(kind):
-                        if fatal_at is None:
-                            fatal_at = time.monotonic()
-                        if definitive_at is None and _is_definitive(text):
-                            definitive_at = time.monotonic()
-                now = time.monotonic()
-                check_now = now >= next_liveness or fatal_at is not None or (ready_at is not None and fatal_at is None)
-                if check_now:
-                    next_liveness = now + liveness_every_s
-                    if server_pid is None:
-                        server_pid = h.server_pid()
-                    if not self.alive(server_pid):
-                        # Read what the dying process wrote after our last poll before judging.
-                        for item in self.follower.poll(0.1):
-                            self.add(item.text)
-                        # The launch script writes the exit status just after the server dies: give it a
-                        # moment, or a fast watcher reports "exited" without the status.
-                        status = h.exit_status()
-                        settle = time.monotonic() + exit_status_wait_s
-                        while status is None and time.monotonic() < settle:
-                            time.sleep(0.05)
-                            status = h.exit_status()
-                        why = self.death(status)
-                        if why == "stopped":
-                            return self.finish(
-                                Verdict.STOPPED,
-                                f"the server was stopped on purpose and is not running (exit status {status})",
-                                None,
-                                status,
-                            )
-                        return self.finish(Verdict.CRASHED, why + ".", fatal_at or now, status)
-                    if ready_at is not None and fatal_at is None:
-                        self.mark("ready")
-                        return self.finish(
-                            Verdict.READY, "the server logged that it is ready, and it runs", ready_at, None
-                        )
-                    if definitive_at is not None and now - definitive_at > dying_grace_s:
-                        return self.finish(
-                            Verdict.CRASHED, "the server logged a fatal error.", fatal_at, h.exit_status()
-                        )
-                if fatal_at is None and now >= next_health:
-                    next_health = now + health_every_s
-                    if self.forward is None:
-                        self.forward = host.forward(h.port)
-                    if _http_ok(f"{self.forward.url}/health", http_timeout_s):
-                        self.mark("ready")
-                        return self.finish(Verdict.READY, "GET /health answered 200", now, None)
-                if fatal_at is None and now - last_line_at > stall_after_s:
-                    return self.finish(
-                        Verdict.STALLED,
-                        f"the server is alive but wrote nothing for {now - last_line_at:.0f} s "
-                        f"(last phase: {self.last_phase or 'none seen'})",
-                        last_line_at,
-                        None,
-                    )
+                self.read_new(seen, on_line)
+                verdict = self.judge(seen, every, exit_status_wait_s)
+                if verdict is not None:
+                    return verdict
             except HostConnectionError:
                 self.connect(reconnect_max_s)  # resumes at `offset`; a dropped connection is not a verdict
-                last_look = False  # the last look before a timeout was cut short: look again
+                seen.last_look = False  # the last look before a timeout was cut short: look again
+
+    def read_new(self, seen: _Seen, on_line: Callable[[str], None] | None) -> None:
+        """The lines written since the last poll (sooner once a fatal line came): phases, ready, fatal."""
+        assert self.follower is not None
+        new = self.follower.poll(0.05 if seen.fatal_at else 0.2)
+        self.offset = self.follower.resume_offset
+        for item in new:
+            text = item.text
+            kind = self.add(text)
+            seen.last_line_at = time.monotonic()
+            if on_line is not None:
+                on_line(text)
+            label = _PHASE_LABEL.get(kind)
+            if label is not None:
+                self.mark(label)
+            if kind is LineKind.READY and seen.ready_at is None:
+                seen.ready_at = time.monotonic()
+                self.ready_log_t = self.log_t()
+            elif _is_fatal(kind):
+                if seen.fatal_at is None:
+                    seen.fatal_at = time.monotonic()
+                if seen.definitive_at is None and _is_definitive(text):
+                    seen.definitive_at = time.monotonic()
+
+    def judge(self, seen: _Seen, every: _Intervals, exit_status_wait_s: float) -> Readiness | None:
+        """The verdict this round, if there is one: from the process (due, or at once after a ready or a fatal
+        line), then /health (while nothing fatal was logged), then the silence of the log."""
+        now = time.monotonic()
+        if (
+            now >= seen.next_liveness
+            or seen.fatal_at is not None
+            or (seen.ready_at is not None and seen.fatal_at is None)
+        ):
+            seen.next_liveness = now + every.liveness_s
+            verdict = self.judge_process(seen, now, every.dying_grace_s, exit_status_wait_s)
+            if verdict is not None:
+                return verdict
+        if seen.fatal_at is None and now >= seen.next_health:
+            seen.next_health = now + every.health_s
+            if self.forward is None:
+                self.forward = self.handle.host.forward(self.handle.port)
+            if _http_ok(f"{self.forward.url}/health", every.http_timeout_s):
+                self.mark("ready")
+                return self.finish(Verdict.READY, "GET /health answered 200", now, None)
+        if seen.fatal_at is None and now - seen.last_line_at > every.stall_s:
+            return self.finish(
+                Verdict.STALLED,
+                f"the server is alive but wrote nothing for {now - seen.last_line_at:.0f} s "
+                f"(last phase: {self.last_phase or 'none seen'})",
+                seen.last_line_at,
+                None,
+            )
+        return None
+
+    def judge_process(
+        self, seen: _Seen, now: float, dying_grace_s: float, exit_status_wait_s: float
+    ) -> Readiness | None:
+        """A dead process is the verdict (stopped or crashed); a live one confirms a ready line, or a fatal
+        one once the rest of its traceback had time to arrive."""
+        h = self.handle
+        if seen.server_pid is None:
+            seen.server_pid = h.server_pid()
+        if not self.alive(seen.server_pid):
+            return self.ended(seen, now, exit_status_wait_s)
+        if seen.ready_at is not None and seen.fatal_at is None:
+            self.mark("ready")
+            return self.finish(Verdict.READY, "the server logged that it is ready, and it runs", seen.ready_at, None)
+        if seen.definitive_at is not None and now - seen.definitive_at > dying_grace_s:
+            return self.finish(Verdict.CRASHED, "the server logged a fatal error.", seen.fatal_at, h.exit_status())
+        return None
+
+    def ended(self, seen: _Seen, now: float, exit_status_wait_s: float) -> Readiness:
+        h = self.handle
+        assert self.follower is not None
+        # Read what the dying process wrote after our last poll before judging.
+        for item in self.follower.poll(0.1):
+            self.add(item.text)
+        # The launch script writes the exit status just after the server dies: give it a moment, or a fast
+        # watcher reports "exited" without the status.
+        status = h.exit_status()
+        settle = time.monotonic() + exit_status_wait_s
+        while status is None and time.monotonic() < settle:
+            time.sleep(0.05)
+            status = h.exit_status()
+        why = self.death(status)
+        if why == "stopped":
+            return self.finish(
+                Verdict.STOPPED,
+                f"the server was stopped on purpose and is not running (exit status {status})",
+                None,
+                status,
+            )
+        return self.finish(Verdict.CRASHED, why + ".", seen.fatal_at or now, status)
 
 
 def wait_ready_all(

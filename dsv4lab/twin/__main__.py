@@ -269,10 +269,39 @@ class Twin:
 
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
+        stop = self._serving_signals(loop)
+        profiler = Profiler(self.settings.hardware)
+        scheduler = self._scheduler(profiler)
+        state = self._server_state(scheduler, profiler)
+        scheduler.start()
+        app = twin_http.build_app(state)
+        self.log.uvicorn(f"Started server process [{self.pid}]")
+        self.log.uvicorn("Waiting for application startup.")
+        self.log.uvicorn("Application startup complete.")
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        if not await self._listen(runner):
+            return 1
         c = self.args.config
-        s = self.p.settings
+        self.log.uvicorn(f"Uvicorn running on http://{c.host}:{c.port} (Press CTRL+C to quit)")
+        publisher = loop.create_task(self._publish_state(scheduler))
+        if not self.args.skip_server_warmup:
+            ok = await self._warmup(c.host, c.port)
+            if not ok:
+                self.die()
+        state.ready = True
+        self.log.log("The server is fired up and ready to roll!")
+        self._schedule_crash(loop)
+        await stop.wait()
+        publisher.cancel()
+        await runner.cleanup()
+        self.die(include_parent=False)
+        return 0
+
+    def _serving_signals(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """Once serving, SIGQUIT still means a child failed (the tree dies); SIGTERM and SIGINT drain and stop:
+        the event they set."""
         stop = asyncio.Event()
-        exit_code = {"code": 0}
 
         def running_sigquit() -> None:
             self.log.log(
@@ -289,7 +318,12 @@ class Twin:
         loop.add_signal_handler(signal.SIGQUIT, running_sigquit)
         loop.add_signal_handler(signal.SIGTERM, sigterm)
         loop.add_signal_handler(signal.SIGINT, sigterm)
+        return stop
 
+    def _scheduler(self, profiler: Profiler) -> Scheduler:
+        """The serving model: timing of the hardware and config, the scheduler's limits, rank 0's batch log."""
+        c = self.args.config
+        s = self.p.settings
         timing = TimingModel(self.settings.hardware, self.model, c.tp, s.speculative, self.kernels.tuned)
         spec = s.speculative
         limits = SchedulerLimits(
@@ -301,7 +335,6 @@ class Twin:
             accept_alpha=max(0.0, min(1.0, self.model.mtp_accept_mean - 1.0)),
             num_draft_steps=(spec.num_steps or 1) if spec else 0,
         )
-        profiler = Profiler(self.settings.hardware)
         rank0_log = LogWriter(self.release, Rank(gpu=0, tp_rank=0, tp_size=c.tp, dp_size=c.dp))
 
         def on_step(start: float, cost: Any, duration: float) -> None:
@@ -309,11 +342,13 @@ class Twin:
                 path = profiler.stop()
                 self.log.log(f"Profiling done. Traces are saved to: {path.parent}")
 
-        scheduler = Scheduler(
-            timing, limits, self.release, rank0_log, self.settings.time_scale, self.settings.seed, on_step
-        )
+        return Scheduler(timing, limits, self.release, rank0_log, self.settings.time_scale, self.settings.seed, on_step)
+
+    def _server_state(self, scheduler: Scheduler, profiler: Profiler) -> twin_http.ServerState:
+        """What the endpoints answer from: the resolved args, the memory figures, the twin's own facts."""
+        c = self.args.config
         g0 = self.p.per_gpu[0]
-        state = twin_http.ServerState(
+        return twin_http.ServerState(
             release=self.release,
             scheduler=scheduler,
             profiler=profiler,
@@ -337,13 +372,10 @@ class Twin:
             enable_metrics=c.enable_metrics,
             api_key=self.args.api_key,
         )
-        scheduler.start()
-        app = twin_http.build_app(state)
-        self.log.uvicorn(f"Started server process [{self.pid}]")
-        self.log.uvicorn("Waiting for application startup.")
-        self.log.uvicorn("Application startup complete.")
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await runner.setup()
+
+    async def _listen(self, runner: web.AppRunner) -> bool:
+        """Bind the port; a port in use ends the twin as uvicorn ends (its error lines, shutdown, exit 1)."""
+        c = self.args.config
         site = web.TCPSite(runner, c.host, c.port, backlog=4096)
         try:
             if self.settings.fault_named("port_in_use"):
@@ -359,24 +391,15 @@ class Twin:
             self.log.uvicorn("Application shutdown complete.")
             await runner.cleanup()
             self.die(include_parent=False)
-            return 1
-        self.log.uvicorn(f"Uvicorn running on http://{c.host}:{c.port} (Press CTRL+C to quit)")
-        publisher = loop.create_task(self._publish_state(scheduler))
-        if not self.args.skip_server_warmup:
-            ok = await self._warmup(c.host, c.port)
-            if not ok:
-                self.die()
-        state.ready = True
-        self.log.log("The server is fired up and ready to roll!")
+            return False
+        return True
+
+    def _schedule_crash(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The crash_serving fault: rank 0's scheduler dies that many (scaled) seconds after ready."""
         crash = self.settings.fault_named("crash_serving")
         if crash is not None and self.rank_children:
             pid = self.rank_children[0].pid
             loop.call_later(crash.value * self.settings.time_scale, lambda: _signal(pid, signal.SIGUSR1))
-        await stop.wait()
-        publisher.cancel()
-        await runner.cleanup()
-        self.die(include_parent=False)
-        return exit_code["code"]
 
     async def _warmup(self, host: str, port: int) -> bool:
         target = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - comparing, not binding

@@ -9,6 +9,7 @@ the old ones log a deprecation warning). ``/server_info`` says that this is a tw
 from __future__ import annotations
 
 import asyncio
+import functools
 import http
 import json
 import math
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from dsv4lab.config.versions import SGLangRelease
 from dsv4lab.twin.logfmt import LogWriter
@@ -86,19 +88,50 @@ def _error(message: str, status: int = 400) -> web.Response:
     )
 
 
+_Handler = Callable[[ServerState, web.Request], Awaitable[web.StreamResponse]]
+_Release = tuple[int, int, int]
+
+#: aiohttp's ``add_get`` answers HEAD too; SGLang's GET-or-POST actions (flush, profiling) answer GET and POST only.
+_READ = ("HEAD", "GET")
+_ACTION = ("GET", "POST")
+_POST = ("POST",)
+_NEW_NAMES: _Release = (0, 5, 16)  # /model_info and /server_info; the old /get_* names log a deprecation
+_V0_5_23: _Release = (0, 5, 23)
+#: Answered without the API key (what load balancers and Prometheus poll).
+_OPEN_PATHS = ("/health", "/health_generate", "/ping", "/metrics")
+
+
+@dataclass(frozen=True)
+class _Route:
+    """One row of the route table: the methods and path, its handler, and the releases that have it."""
+
+    methods: tuple[str, ...]
+    path: str
+    handler: _Handler
+    since: _Release | None = None
+    before: _Release | None = None
+
+    def served_by(self, release: SGLangRelease) -> bool:
+        return (self.since is None or release.key >= self.since) and (self.before is None or release.key < self.before)
+
+
 def build_app(state: ServerState) -> web.Application:
-    """The twin's HTTP server: SGLang's endpoints for the emulated release (its names and its answers), so a
-    client cannot tell the twin from SGLang."""
-    release = state.release
-    new_names = release.key >= (0, 5, 16)
+    """The emulated release's endpoints, registered from :data:`_ROUTES`, behind the access log / API key."""
+    app = web.Application(middlewares=[_access_log(state)], client_max_size=64 * 1024**2)
+    for route in _ROUTES:
+        if route.served_by(state.release):
+            for method in route.methods:
+                app.router.add_route(method, route.path, functools.partial(route.handler, state))
+    return app
+
+
+def _access_log(state: ServerState) -> Middleware:
+    """uvicorn's access line for every request; without the API key only the open paths answer."""
 
     @web.middleware
-    async def access_log(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        open_paths = ("/health", "/health_generate", "/ping", "/metrics")
+    async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
         authorized = request.headers.get("Authorization", "") == f"Bearer {state.api_key}"
-        if state.api_key and request.path not in open_paths and not authorized:
+        if state.api_key and request.path not in _OPEN_PATHS and not authorized:
             resp: web.StreamResponse = _json({"error": "Unauthorized"}, 401)
             _access(state.log, request, resp.status)
             return resp
@@ -110,225 +143,248 @@ def build_app(state: ServerState) -> web.Application:
         _access(state.log, request, resp.status)
         return resp
 
-    app = web.Application(middlewares=[access_log], client_max_size=64 * 1024**2)
-    r = app.router
+    return access_log
 
-    async def health(request: web.Request) -> web.Response:
-        if not state.ready:
-            return web.Response(status=503)
-        if state.scheduler.busy:
-            return web.Response(status=200)
-        req = state.scheduler.submit(Request(prompt_tokens=1, max_new_tokens=1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"))
-        try:
-            await asyncio.wait_for(_drain(req), timeout=HEALTH_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            return web.Response(status=503)
+
+# -- health and readiness ----------------------------------------------------------------------------------------
+
+
+async def _health(state: ServerState, request: web.Request) -> web.Response:
+    if not state.ready:
+        return web.Response(status=503)
+    if state.scheduler.busy:
         return web.Response(status=200)
+    req = state.scheduler.submit(Request(prompt_tokens=1, max_new_tokens=1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"))
+    try:
+        await asyncio.wait_for(_drain(req), timeout=HEALTH_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return web.Response(status=503)
+    return web.Response(status=200)
 
-    r.add_get("/health", health)
-    r.add_get("/health_generate", health)
-    if release.key >= (0, 5, 23):
 
-        async def ready(request: web.Request) -> web.Response:
-            return web.Response(status=200 if state.ready else 503)
+async def _ready(state: ServerState, request: web.Request) -> web.Response:
+    return web.Response(status=200 if state.ready else 503)
 
-        async def ping(request: web.Request) -> web.Response:
-            return web.Response(text="pong")
 
-        r.add_get("/ready", ready)
-        r.add_get("/ping", ping)
+async def _ping(state: ServerState, request: web.Request) -> web.Response:
+    return web.Response(text="pong")
 
-    def model_info_data() -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "model_path": state.model_path,
-            "tokenizer_path": state.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-        }
-        if release.key >= (0, 5, 23):
-            data.update(
-                served_model_name=state.served_model_name,
-                load_format="auto",
-                reasoning_parser=None,
-                tool_call_parser=None,
-                disaggregation_mode="null",
-                has_image_understanding=False,
-                has_audio_understanding=False,
-                model_type="deepseek_v4",
-                architectures=[state.architecture],
-            )
-        return data
 
-    def server_info_data() -> dict[str, Any]:
-        s = state.scheduler
-        internal: dict[str, Any] = {
-            "last_gen_throughput": s.stats.last_gen_throughput,
-            "memory_usage": dict(state.memory_usage),
-        }
-        if s.spec:
-            internal["avg_spec_accept_length"] = s.stats.avg_spec_accept_length
-        if release.key >= (0, 5, 23):
-            internal["effective_max_running_requests_per_dp"] = s.limits.max_running_requests
-        data: dict[str, Any] = dict(state.server_args)
+# -- info --------------------------------------------------------------------------------------------------------
+
+
+def _model_info_data(state: ServerState) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "model_path": state.model_path,
+        "tokenizer_path": state.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+    }
+    if state.release.key >= _V0_5_23:
         data.update(
-            max_total_num_tokens=state.max_total_num_tokens,
-            max_req_input_len=state.context_len - 1,
-            internal_states=[internal],
-            version=release.version,
-            twin=dict(state.twin),
+            served_model_name=state.served_model_name,
+            load_format="auto",
+            reasoning_parser=None,
+            tool_call_parser=None,
+            disaggregation_mode="null",
+            has_image_understanding=False,
+            has_audio_understanding=False,
+            model_type="deepseek_v4",
+            architectures=[state.architecture],
         )
-        if release.key >= (0, 5, 23):
-            data.update(startup_time=state.started_at, frontend="http")
-        return data
+    return data
 
-    def deprecated(
-        handler: Callable[[], dict[str, Any]], old: str, new: str
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def h(request: web.Request) -> web.Response:
-            state.log.log(
-                f"The endpoint {old} is deprecated and will be removed in a future version. Use {new} instead."
-            )
-            return _json(handler())
 
-        return h
+def _server_info_data(state: ServerState) -> dict[str, Any]:
+    s = state.scheduler
+    internal: dict[str, Any] = {
+        "last_gen_throughput": s.stats.last_gen_throughput,
+        "memory_usage": dict(state.memory_usage),
+    }
+    if s.spec:
+        internal["avg_spec_accept_length"] = s.stats.avg_spec_accept_length
+    if state.release.key >= _V0_5_23:
+        internal["effective_max_running_requests_per_dp"] = s.limits.max_running_requests
+    data: dict[str, Any] = dict(state.server_args)
+    data.update(
+        max_total_num_tokens=state.max_total_num_tokens,
+        max_req_input_len=state.context_len - 1,
+        internal_states=[internal],
+        version=state.release.version,
+        twin=dict(state.twin),
+    )
+    if state.release.key >= _V0_5_23:
+        data.update(startup_time=state.started_at, frontend="http")
+    return data
 
-    async def model_info(request: web.Request) -> web.Response:
-        return _json(model_info_data())
 
-    async def server_info(request: web.Request) -> web.Response:
-        return _json(server_info_data())
+async def _model_info(state: ServerState, request: web.Request) -> web.Response:
+    return _json(_model_info_data(state))
 
-    if new_names:
-        r.add_get("/model_info", model_info)
-        r.add_get("/server_info", server_info)
-        r.add_get("/get_model_info", deprecated(model_info_data, "/get_model_info", "/model_info"))
-        r.add_get("/get_server_info", deprecated(server_info_data, "/get_server_info", "/server_info"))
-    else:
-        r.add_get("/get_model_info", model_info)
-        r.add_get("/get_server_info", server_info)
 
-    def model_card() -> dict[str, Any]:
-        return {
-            "id": state.served_model_name,
-            "object": "model",
-            "created": int(state.started_at),
-            "owned_by": "sglang",
-            "root": state.served_model_name,
-            "max_model_len": state.context_len,
-        }
+async def _server_info(state: ServerState, request: web.Request) -> web.Response:
+    return _json(_server_info_data(state))
 
-    async def models(request: web.Request) -> web.Response:
-        return _json({"object": "list", "data": [model_card()]})
 
-    async def one_model(request: web.Request) -> web.Response:
-        if request.match_info["model"] != state.served_model_name:
-            return _error(f"The model `{request.match_info['model']}` does not exist.", 404)
-        return _json(model_card())
+def _deprecated(data: Callable[[ServerState], dict[str, Any]], old: str, new: str) -> _Handler:
+    """The old name of an info endpoint: the same answer, and SGLang's deprecation warning in the log."""
 
-    r.add_get("/v1/models", models)
-    r.add_get("/v1/models/{model:.+}", one_model)
+    async def handler(state: ServerState, request: web.Request) -> web.Response:
+        state.log.log(f"The endpoint {old} is deprecated and will be removed in a future version. Use {new} instead.")
+        return _json(data(state))
 
-    async def flush_cache(request: web.Request) -> web.Response:
-        # 0.5.23 takes ?timeout=S: wait up to S seconds for running and waiting requests to end (what
-        # bench_serving --flush-cache asks for, 60 s); older releases, and timeout 0, refuse at once when busy.
-        wait_s = _query_float(request, "timeout") if release.key >= (0, 5, 23) else 0.0
-        if wait_s is None:
-            return _error("timeout must be a number >= 0", 422)
-        deadline = time.monotonic() + wait_s
-        while state.scheduler.busy and time.monotonic() < deadline:
-            await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-        if state.scheduler.busy:
-            text = "Timed out waiting for idle state." if wait_s > 0 else "Cache not flushed. "
-            return web.Response(
-                status=400,
-                text=text + ("\n" if wait_s > 0 else "Please check backend logs for more details. " + _FLUSH_NOTE),
-            )
-        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. " + _FLUSH_NOTE)
+    return handler
 
-    r.add_route("GET", "/flush_cache", flush_cache)
-    r.add_route("POST", "/flush_cache", flush_cache)
 
-    async def metrics(request: web.Request) -> web.Response:
-        if not state.enable_metrics:
-            return web.Response(status=404, text="Not Found")
-        return web.Response(text=_metrics_text(state), content_type="text/plain", charset="utf-8")
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "sglang",
+        "root": state.served_model_name,
+        "max_model_len": state.context_len,
+    }
 
-    r.add_get("/metrics", metrics)
 
-    async def start_profile(request: web.Request) -> web.Response:
-        body = await _body(request)
-        steps = body.get("num_steps")
-        state.profiler.start(body.get("output_dir"), int(steps) if steps is not None else None)
-        return web.Response(text="Start profiling.\n")
+async def _models(state: ServerState, request: web.Request) -> web.Response:
+    return _json({"object": "list", "data": [_model_card(state)]})
 
-    async def stop_profile(request: web.Request) -> web.Response:
-        if not state.profiler.active:
-            return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
-        path = state.profiler.stop()
-        state.log.log(f"Profiling done. Traces are saved to: {path.parent}")
-        return web.Response(text=f"Stop profiling. This will take some time.\nTrace: {path}\n")
 
-    for path, h in (("/start_profile", start_profile), ("/stop_profile", stop_profile)):
-        r.add_route("GET", path, h)
-        r.add_route("POST", path, h)
+async def _one_model(state: ServerState, request: web.Request) -> web.Response:
+    if request.match_info["model"] != state.served_model_name:
+        return _error(f"The model `{request.match_info['model']}` does not exist.", 404)
+    return _json(_model_card(state))
 
-    async def generate(request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
-        sp = body.get("sampling_params") or {}
-        if "input_ids" in body and body["input_ids"] is not None:
-            ids = body["input_ids"]
-            prompt = len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
-        else:
-            text = body.get("text") or ""
-            prompt = count_tokens(text[0] if isinstance(text, list) and text else str(text))
-        max_new = int(sp.get("max_new_tokens", 128))
-        bad = _check_len(state, prompt, max_new)
-        if bad is not None:
-            return bad
-        req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
 
-        def meta(done: bool) -> dict[str, Any]:
-            m: dict[str, Any] = {
-                "id": req.rid,
-                "finish_reason": {"type": "length", "length": req.generated} if done else None,
-                "prompt_tokens": req.prompt_tokens,
-                "completion_tokens": req.generated,
-                "cached_tokens": 0,
-                "e2e_latency": time.monotonic() - req.created,
-            }
-            if state.scheduler.spec:
-                m["spec_accept_length"] = req.spec_accept_length
-                m["spec_verify_ct"] = req.verify_steps
-            return m
+async def _metrics(state: ServerState, request: web.Request) -> web.Response:
+    if not state.enable_metrics:
+        return web.Response(status=404, text="Not Found")
+    return web.Response(text=_metrics_text(state), content_type="text/plain", charset="utf-8")
 
-        if not body.get("stream"):
-            await _drain(req)
-            return _json({"text": token_text(0, req.generated), "meta_info": meta(True), "index": 0})
-        resp = await _sse(request)
-        try:
-            async for _, done in _events(req):
-                chunk = {"text": token_text(0, req.generated), "meta_info": meta(done), "index": 0}
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            state.scheduler.abort(req)
-            raise
-        return resp
 
-    r.add_post("/generate", generate)
+# -- actions -----------------------------------------------------------------------------------------------------
 
-    async def completions(request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
-        return await _openai(state, request, body, chat=False)
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
-        return await _openai(state, request, body, chat=True)
+async def _flush_cache(state: ServerState, request: web.Request) -> web.Response:
+    # 0.5.23 takes ?timeout=S: wait up to S seconds for running and waiting requests to end (what
+    # bench_serving --flush-cache asks for, 60 s); older releases, and timeout 0, refuse at once when busy.
+    wait_s = _query_float(request, "timeout") if state.release.key >= _V0_5_23 else 0.0
+    if wait_s is None:
+        return _error("timeout must be a number >= 0", 422)
+    deadline = time.monotonic() + wait_s
+    while state.scheduler.busy and time.monotonic() < deadline:
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    if state.scheduler.busy:
+        text = "Timed out waiting for idle state." if wait_s > 0 else "Cache not flushed. "
+        return web.Response(
+            status=400,
+            text=text + ("\n" if wait_s > 0 else "Please check backend logs for more details. " + _FLUSH_NOTE),
+        )
+    return web.Response(text="Cache flushed.\nPlease check backend logs for more details. " + _FLUSH_NOTE)
 
-    r.add_post("/v1/completions", completions)
-    r.add_post("/v1/chat/completions", chat)
-    return app
+
+async def _start_profile(state: ServerState, request: web.Request) -> web.Response:
+    body = await _body(request)
+    steps = body.get("num_steps")
+    state.profiler.start(body.get("output_dir"), int(steps) if steps is not None else None)
+    return web.Response(text="Start profiling.\n")
+
+
+async def _stop_profile(state: ServerState, request: web.Request) -> web.Response:
+    if not state.profiler.active:
+        return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
+    path = state.profiler.stop()
+    state.log.log(f"Profiling done. Traces are saved to: {path.parent}")
+    return web.Response(text=f"Stop profiling. This will take some time.\nTrace: {path}\n")
+
+
+# -- generation --------------------------------------------------------------------------------------------------
+
+
+def _native_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """/generate's prompt length: ``input_ids`` (one list or a batch's first) or the first ``text``."""
+    if "input_ids" in body and body["input_ids"] is not None:
+        ids = body["input_ids"]
+        return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
+    text = body.get("text") or ""
+    return count_tokens(text[0] if isinstance(text, list) and text else str(text))
+
+
+def _native_meta(state: ServerState, req: Request, done: bool) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "id": req.rid,
+        "finish_reason": {"type": "length", "length": req.generated} if done else None,
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": req.generated,
+        "cached_tokens": 0,
+        "e2e_latency": time.monotonic() - req.created,
+    }
+    if state.scheduler.spec:
+        m["spec_accept_length"] = req.spec_accept_length
+        m["spec_verify_ct"] = req.verify_steps
+    return m
+
+
+async def _generate(state: ServerState, request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    sp = body.get("sampling_params") or {}
+    prompt = _native_prompt_tokens(body)
+    max_new = int(sp.get("max_new_tokens", 128))
+    bad = _check_len(state, prompt, max_new)
+    if bad is not None:
+        return bad
+    req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
+    if not body.get("stream"):
+        await _drain(req)
+        return _json({"text": token_text(0, req.generated), "meta_info": _native_meta(state, req, True), "index": 0})
+    resp = await _sse(request)
+    try:
+        async for _, done in _events(req):
+            chunk = {"text": token_text(0, req.generated), "meta_info": _native_meta(state, req, done), "index": 0}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        state.scheduler.abort(req)
+        raise
+    return resp
+
+
+async def _completions(state: ServerState, request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    return await _openai(state, request, body, chat=False)
+
+
+async def _chat(state: ServerState, request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    return await _openai(state, request, body, chat=True)
+
+
+#: Every endpoint of every emulated release, in registration order; :func:`build_app` keeps the release's rows.
+_ROUTES: tuple[_Route, ...] = (
+    _Route(_READ, "/health", _health),
+    _Route(_READ, "/health_generate", _health),
+    _Route(_READ, "/ready", _ready, since=_V0_5_23),
+    _Route(_READ, "/ping", _ping, since=_V0_5_23),
+    _Route(_READ, "/model_info", _model_info, since=_NEW_NAMES),
+    _Route(_READ, "/server_info", _server_info, since=_NEW_NAMES),
+    _Route(_READ, "/get_model_info", _deprecated(_model_info_data, "/get_model_info", "/model_info"), since=_NEW_NAMES),
+    _Route(
+        _READ, "/get_server_info", _deprecated(_server_info_data, "/get_server_info", "/server_info"), since=_NEW_NAMES
+    ),
+    _Route(_READ, "/get_model_info", _model_info, before=_NEW_NAMES),
+    _Route(_READ, "/get_server_info", _server_info, before=_NEW_NAMES),
+    _Route(_READ, "/v1/models", _models),
+    _Route(_READ, "/v1/models/{model:.+}", _one_model),
+    _Route(_ACTION, "/flush_cache", _flush_cache),
+    _Route(_READ, "/metrics", _metrics),
+    _Route(_ACTION, "/start_profile", _start_profile),
+    _Route(_ACTION, "/stop_profile", _stop_profile),
+    _Route(_POST, "/generate", _generate),
+    _Route(_POST, "/v1/completions", _completions),
+    _Route(_POST, "/v1/chat/completions", _chat),
+)
 
 
 def _query_float(request: web.Request, name: str) -> float | None:
@@ -395,36 +451,47 @@ def _check_len(state: ServerState, prompt: int, max_new: int) -> web.Response | 
     return None
 
 
-async def _openai(state: ServerState, request: web.Request, body: dict[str, Any], *, chat: bool) -> web.StreamResponse:
+def _openai_lengths(body: Mapping[str, Any], *, chat: bool) -> tuple[int, int] | web.Response:
+    """(prompt tokens, max new tokens) of an OpenAI request, or the 400 a malformed chat gets."""
     if chat:
         messages = body.get("messages") or []
         if not isinstance(messages, list) or not messages:
             return _error("messages must be a non-empty list")
         text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         prompt = count_tokens(text) + 4 * len(messages)  # chat template tokens per message
-        max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
+        return prompt, int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
+    p = body.get("prompt", "")
+    if isinstance(p, list) and p and isinstance(p[0], int):
+        prompt = len(p)
+    elif isinstance(p, list) and p and isinstance(p[0], list):
+        prompt = len(p[0])
+    elif isinstance(p, list):
+        prompt = count_tokens(str(p[0]) if p else "")
     else:
-        p = body.get("prompt", "")
-        if isinstance(p, list) and p and isinstance(p[0], int):
-            prompt = len(p)
-        elif isinstance(p, list) and p and isinstance(p[0], list):
-            prompt = len(p[0])
-        elif isinstance(p, list):
-            prompt = count_tokens(str(p[0]) if p else "")
-        else:
-            prompt = count_tokens(str(p))
-        max_new = body.get("max_tokens") or 16
-    max_new = int(max_new)
-    bad = _check_len(state, prompt, max_new)
-    if bad is not None:
-        return bad
-    req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
-    rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
-    created = int(time.time())
-    model = state.served_model_name
-    obj = "chat.completion.chunk" if chat else "text_completion"
+        prompt = count_tokens(str(p))
+    return prompt, int(body.get("max_tokens") or 16)
 
-    def usage() -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class _Completion:
+    """One OpenAI completion or chat completion in flight: its id, creation time and model, answered whole or
+    streamed."""
+
+    req: Request
+    chat: bool
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def rid(self) -> str:
+        return ("chatcmpl-" if self.chat else "cmpl-") + self.req.rid
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def usage(self) -> dict[str, Any]:
+        req = self.req
         return {
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.generated,
@@ -432,30 +499,31 @@ async def _openai(state: ServerState, request: web.Request, body: dict[str, Any]
             "prompt_tokens_details": None,
         }
 
-    if not body.get("stream"):
-        await _drain(req)
-        text = token_text(0, req.generated)
+    def reply(self) -> web.Response:
+        text = token_text(0, self.req.generated)
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "matched_stop": None, "logprobs": None}
-        if chat:
+        if self.chat:
             choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
         else:
             choice["text"] = text
         return _json(
             {
-                "id": rid,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": created,
-                "model": model,
+                "id": self.rid,
+                "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.model,
                 "choices": [choice],
-                "usage": usage(),
+                "usage": self.usage(),
             }
         )
-    opts = body.get("stream_options") or {}
-    include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-    resp = await _sse(request)
-    head = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(model)},"choices":[{{"index":0,'
-    pos = 0
-    try:
+
+    async def stream(self, resp: web.StreamResponse, *, include_usage: bool) -> None:
+        """The chunks, written by hand around each token's JSON (the hot path of a benchmark)."""
+        chat, rid, obj = self.chat, self.rid, self.chunk_object
+        head = (
+            f'{{"id":"{rid}","object":"{obj}","created":{self.created},"model":{json.dumps(self.model)},'
+            '"choices":[{"index":0,'
+        )
         if chat:
             await resp.write(
                 (
@@ -466,15 +534,43 @@ async def _openai(state: ServerState, request: web.Request, body: dict[str, Any]
             )
         prefix = "data: " + head + ('"delta":{"content":' if chat else '"text":')
         close = '},"logprobs":null,"finish_reason":' if chat else ',"logprobs":null,"finish_reason":'
-        async for n, done in _events(req):
+        pos = 0
+        async for n, done in _events(self.req):
             piece = token_json(pos, n)
             pos += n
             finish = '"length"}]}\n\n' if done else "null}]}\n\n"
             await resp.write((prefix + piece + close + finish).encode())
         if include_usage:
-            tail = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage()}
+            tail = {
+                "id": rid,
+                "object": obj,
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(),
+            }
             await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+
+
+async def _openai(state: ServerState, request: web.Request, body: dict[str, Any], *, chat: bool) -> web.StreamResponse:
+    lengths = _openai_lengths(body, chat=chat)
+    if isinstance(lengths, web.Response):
+        return lengths
+    prompt, max_new = lengths
+    bad = _check_len(state, prompt, max_new)
+    if bad is not None:
+        return bad
+    req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
+    completion = _Completion(req, chat, state.served_model_name)
+    if not body.get("stream"):
+        await _drain(req)
+        return completion.reply()
+    opts = body.get("stream_options") or {}
+    include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    resp = await _sse(request)
+    try:
+        await completion.stream(resp, include_usage=include_usage)
     except (ConnectionResetError, asyncio.CancelledError):
         state.scheduler.abort(req)
         raise

@@ -23,7 +23,7 @@ from dsv4lab.config.versions import SGLangRelease
 from dsv4lab.twin import logfmt
 from dsv4lab.twin.kernels import KernelConfigs
 from dsv4lab.twin.logfmt import LogWriter, Progress, Rank
-from dsv4lab.twin.memsim import OutOfMemory, RankMemoryPlan
+from dsv4lab.twin.memsim import GraphPlan, OutOfMemory, RankMemoryPlan
 from dsv4lab.twin.settings import TwinSettings
 from dsv4lab.twin.smi import write_gpu_state
 
@@ -256,32 +256,73 @@ def report_failure(log: LogWriter, text: str, main_pid: int) -> None:
         os.kill(main_pid, signal.SIGQUIT)
 
 
+#: Where SGLang's traceback points when the weights or the KV pool do not fit.
+_LOAD_WEIGHTS_FRAME = (
+    "sglang/srt/model_loader/loader.py",
+    611,
+    "load_weights_and_postprocess",
+    "model.load_weights(weights)",
+)
+_KV_POOL_FRAME = ("sglang/srt/mem_cache/memory_pool.py", 640, "_create_buffers", "torch.zeros(")
+
+
 def run_rank(ctx: RankContext, on_ready: Callable[[], None]) -> None:
     """Walk the startup; on success call ``on_ready`` and return; on failure raise SchedulerFailure."""
-    s = ctx.settings
-    release = s.release
-    log = LogWriter(release, ctx.rank)
-    clock = _Clock(s)
+    startup = _RankStartup(ctx)
     plan = ctx.plan
-    mem = plan.memory(s.seed)
-    t_scale = clock.factor
-    state = s.state_dir
+    startup.publish()
+    startup.init_distributed()
+    startup.load_weights(plan.weights_gib, plan.weight_shards, ctx.model_class)
+    spec = plan.draft_weights_gib > 0
+    if spec and plan.draft_in_static:
+        startup.load_weights(plan.draft_weights_gib, 1, ctx.draft_class)
+    startup.kv_pool(plan.kv_pool_gib, plan.kv_tokens, plan.kv_bytes_per_token)
+    for gp in plan.graphs:
+        if gp.role == "target":
+            startup.capture(gp)
+    if spec and not plan.draft_in_static:
+        # 0.4.x/0.5.4: the draft worker is built after the target's graphs, from the slack.
+        startup.load_weights(plan.draft_weights_gib, 1, ctx.draft_class)
+        startup.kv_pool(plan.draft_kv_gib, plan.kv_tokens, plan.draft_kv_gib * GiB / max(plan.kv_tokens, 1))
+    for gp in plan.graphs:
+        if gp.role == "draft":
+            startup.capture(gp)
+    if ctx.is_first:
+        startup.log.log(ctx.summary.replace("{avail}", logfmt.fmt_gb(startup.mem.free_gib)))
+    startup.publish()
+    on_ready()
 
-    def publish() -> None:
-        write_gpu_state(state, ctx.main_pid, plan.gpu, mem.used_gib * 1024)
 
-    publish()
-    t0 = time.monotonic()
-    log.log(logfmt.init_begin(release))
-    clock.sleep(ctx.times.init_s)
-    if s.fault_named("nccl_error") and ctx.rank.tp_rank == min(1, ctx.rank.tp_size - 1):
-        raise SchedulerFailure(nccl_error_traceback())
-    for line in logfmt.init_end(release, time.monotonic() - t0, plan.context_gib):
-        log.log(line)
+class _RankStartup:
+    """One rank's startup, phase by phase: each allocates on the simulated GPU, sleeps its scaled duration,
+    logs SGLang's lines and publishes the memory to the nvidia-smi stand-in; an OOM raises SchedulerFailure
+    with the traceback SGLang shows in that phase."""
 
-    # Target weights, in shards (rank 0 shows the shard bar, as SGLang's loader does).
-    def load(gib: float, shards: int, cls: str) -> None:
-        log.log(f"Load weight begin. avail mem={logfmt.fmt_gb(mem.free_gib)} GB")
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+        self.release = ctx.settings.release
+        self.log = LogWriter(self.release, ctx.rank)
+        self.clock = _Clock(ctx.settings)
+        self.mem = ctx.plan.memory(ctx.settings.seed)
+        self.first_graph = True
+
+    def publish(self) -> None:
+        write_gpu_state(self.ctx.settings.state_dir, self.ctx.main_pid, self.ctx.plan.gpu, self.mem.used_gib * 1024)
+
+    def init_distributed(self) -> None:
+        ctx = self.ctx
+        t0 = time.monotonic()
+        self.log.log(logfmt.init_begin(self.release))
+        self.clock.sleep(ctx.times.init_s)
+        if ctx.settings.fault_named("nccl_error") and ctx.rank.tp_rank == min(1, ctx.rank.tp_size - 1):
+            raise SchedulerFailure(nccl_error_traceback())
+        for line in logfmt.init_end(self.release, time.monotonic() - t0, ctx.plan.context_gib):
+            self.log.log(line)
+
+    def load_weights(self, gib: float, shards: int, cls: str) -> None:
+        """A model's weights, in shards (rank 0 shows the shard bar, as SGLang's loader does)."""
+        ctx, mem = self.ctx, self.mem
+        self.log.log(f"Load weight begin. avail mem={logfmt.fmt_gb(mem.free_gib)} GB")
         t = time.monotonic()
         before = mem.free_gib
         bar = Progress("Loading safetensors checkpoint shards", shards) if ctx.is_first and shards > 1 else None
@@ -289,131 +330,106 @@ def run_rank(ctx: RankContext, on_ready: Callable[[], None]) -> None:
             try:
                 mem.alloc(gib / shards)
             except OutOfMemory as oom:
-                raise SchedulerFailure(
-                    _plain_oom_traceback(
-                        oom,
-                        (
-                            "sglang/srt/model_loader/loader.py",
-                            611,
-                            "load_weights_and_postprocess",
-                            "model.load_weights(weights)",
-                        ),
-                    )
-                ) from None
-            clock.sleep(gib / shards / ctx.times.weight_load_gib_per_s)
+                raise SchedulerFailure(_plain_oom_traceback(oom, _LOAD_WEIGHTS_FRAME)) from None
+            self.clock.sleep(gib / shards / ctx.times.weight_load_gib_per_s)
             if bar:
                 bar.update()
-            publish()
+            self.publish()
         if bar:
             bar.close()
-        log.log(logfmt.load_weight_end(release, time.monotonic() - t, cls, "fp8", mem.free_gib, before - mem.free_gib))
+        self.log.log(
+            logfmt.load_weight_end(self.release, time.monotonic() - t, cls, "fp8", mem.free_gib, before - mem.free_gib)
+        )
 
-    load(plan.weights_gib, plan.weight_shards, ctx.model_class)
-    spec = plan.draft_weights_gib > 0
-    if spec and plan.draft_in_static:
-        load(plan.draft_weights_gib, 1, ctx.draft_class)
-
-    def kv_pool(gib: float, tokens: int, bytes_per_token: float) -> None:
+    def kv_pool(self, gib: float, tokens: int, bytes_per_token: float) -> None:
+        ctx = self.ctx
         ctx.lockstep.meet()  # the all-reduce of free memory that sizes the pool
         if gib <= 0 or tokens <= 0:
-            raise SchedulerFailure(_kv_error_traceback(release, ctx.mem_fraction_static))
-        if release.key < (0, 5, 16) and ctx.is_first:
-            log.log(f"Using KV cache dtype: {ctx.kv_dtype}")
+            raise SchedulerFailure(_kv_error_traceback(self.release, ctx.mem_fraction_static))
+        if self.release.key < (0, 5, 16) and ctx.is_first:
+            self.log.log(f"Using KV cache dtype: {ctx.kv_dtype}")
         try:
-            mem.alloc(gib)
+            self.mem.alloc(gib)
         except OutOfMemory as oom:
-            raise SchedulerFailure(
-                _plain_oom_traceback(
-                    oom, ("sglang/srt/mem_cache/memory_pool.py", 640, "_create_buffers", "torch.zeros(")
-                )
-            ) from None
-        publish()  # the pool is one allocation: nvidia-smi sees it at once, the log lines come after
-        clock.sleep(ctx.times.kv_alloc_s)
-        log.log(logfmt.kv_allocated(release, ctx.kv_dtype, tokens, tokens * bytes_per_token / GiB))
-        log.log(f"Memory pool end. avail mem={logfmt.fmt_gb(mem.free_gib)} GB")
+            raise SchedulerFailure(_plain_oom_traceback(oom, _KV_POOL_FRAME)) from None
+        self.publish()  # the pool is one allocation: nvidia-smi sees it at once, the log lines come after
+        self.clock.sleep(ctx.times.kv_alloc_s)
+        self.log.log(logfmt.kv_allocated(self.release, ctx.kv_dtype, tokens, tokens * bytes_per_token / GiB))
+        self.log.log(f"Memory pool end. avail mem={logfmt.fmt_gb(self.mem.free_gib)} GB")
 
-    kv_pool(plan.kv_pool_gib, plan.kv_tokens, plan.kv_bytes_per_token)
-
-    first_graph = True
-
-    def capture(gp_index: int) -> None:
-        nonlocal first_graph
-        gp = plan.graphs[gp_index]
+    def capture(self, gp: GraphPlan) -> None:
+        """One graph runner's capture: begin line, every batch size's graphs (rank 0's progress bar), end line."""
+        release, mem = self.release, self.mem
         draft = gp.role == "draft"
-        if (draft and release.key >= (0, 5, 16)) and not ctx.is_first:
-            show_lines = False  # 0.5.16+: draft capture lines come from rank 0 only
-        else:
-            show_lines = True
-        if first_graph:
-            ctx.lockstep.meet()  # capture's collectives start every rank together
+        show_lines = not (draft and release.key >= (0, 5, 16)) or self.ctx.is_first  # 0.5.16+: draft from rank 0
+        first = self.first_graph
+        if first:
+            self.ctx.lockstep.meet()  # capture's collectives start every rank together
         t = time.monotonic()
         before = mem.free_gib
         if show_lines:
-            log.log(logfmt.capture_begin(release, gp.role, gp.runner, gp.tokens_per_req, gp.bs, mem.free_gib))
-        if release.key < (0, 5, 16) and ctx.is_first and not draft:
-            log.log("Capture cuda graph bs [" + ", ".join(str(b) for b in gp.bs) + "]")
-        if first_graph:
-            try:
-                mem.alloc(plan.comm_gib)  # NCCL / custom all-reduce buffers registered at first capture
-            except OutOfMemory as oom:
-                raise SchedulerFailure(_capture_oom_traceback(release, oom, draft)) from None
-            publish()
+            self.log.log(logfmt.capture_begin(release, gp.role, gp.runner, gp.tokens_per_req, gp.bs, mem.free_gib))
+        if release.key < (0, 5, 16) and self.ctx.is_first and not draft:
+            self.log.log("Capture cuda graph bs [" + ", ".join(str(b) for b in gp.bs) + "]")
+        if first:
+            self.register_buffers(draft)
         bar = (
             Progress(logfmt.capture_bar_desc(gp.allocations[0][0], mem.free_gib), len(gp.allocations))
-            if ctx.is_first
+            if self.ctx.is_first
             else None
         )
-        if first_graph:
-            for line in ctx.kernels.log_lines():
-                log.log(line)
-            if s.fault_named("capture_hang"):
-                while True:  # alive, no progress: what a hung custom all-reduce looks like
-                    time.sleep(3600)
+        if first:
+            self.first_capture_starts()
         for i, (bs, tensors) in enumerate(gp.allocations):
             if bar:
                 bar.set_desc(logfmt.capture_bar_desc(bs, mem.free_gib))
-            graph_time = (
-                (ctx.times.first_draft_graph_s if draft else ctx.times.first_graph_s)
-                if i == 0
-                else (ctx.times.other_draft_graph_s if draft else ctx.times.other_graph_s)
-            )
-            for tensor in tensors:
-                clock.sleep(graph_time / len(tensors))
-                try:
-                    mem.alloc(tensor, private_pool=True)
-                except OutOfMemory as oom:
-                    # Ranks are lock-stepped by the collectives inside capture; the tightest GPU reports first.
-                    time.sleep(TIE_BREAK_DELAY_S * plan.tightness * min(1.0, max(t_scale, 0.25)))
-                    raise SchedulerFailure(_capture_oom_traceback(release, oom, draft)) from None
-                if len(tensors) > 1:
-                    publish()  # the largest graph's buffers one by one: memory climbs to the peak (or the OOM)
-            publish()
+            self.capture_graph(tensors, self.graph_time(draft, first_of_runner=i == 0), draft)
             if bar:
                 bar.update()
         if bar:
             bar.close()
-        first_graph = False
+        self.first_graph = False
         if show_lines:
-            log.log(
-                logfmt.capture_end(
-                    release, gp.role, gp.runner, gp.bs, time.monotonic() - t, before - mem.free_gib, mem.free_gib
-                )
+            used = before - mem.free_gib
+            self.log.log(
+                logfmt.capture_end(release, gp.role, gp.runner, gp.bs, time.monotonic() - t, used, mem.free_gib)
             )
 
-    targets = [i for i, g in enumerate(plan.graphs) if g.role == "target"]
-    drafts = [i for i, g in enumerate(plan.graphs) if g.role == "draft"]
-    for i in targets:
-        capture(i)
-    if spec and not plan.draft_in_static:
-        # 0.4.x/0.5.4: the draft worker is built after the target's graphs, from the slack.
-        load(plan.draft_weights_gib, 1, ctx.draft_class)
-        kv_pool(plan.draft_kv_gib, plan.kv_tokens, plan.draft_kv_gib * GiB / max(plan.kv_tokens, 1))
-    for i in drafts:
-        capture(i)
-    if ctx.is_first:
-        log.log(ctx.summary.replace("{avail}", logfmt.fmt_gb(mem.free_gib)))
-    publish()
-    on_ready()
+    def register_buffers(self, draft: bool) -> None:
+        """NCCL / custom all-reduce buffers, registered at the first capture."""
+        try:
+            self.mem.alloc(self.ctx.plan.comm_gib)
+        except OutOfMemory as oom:
+            raise SchedulerFailure(_capture_oom_traceback(self.release, oom, draft)) from None
+        self.publish()
+
+    def first_capture_starts(self) -> None:
+        """The kernel-config lines the first GEMMs print; with the capture_hang fault, no progress from here."""
+        for line in self.ctx.kernels.log_lines():
+            self.log.log(line)
+        if self.ctx.settings.fault_named("capture_hang"):
+            while True:  # alive, no progress: what a hung custom all-reduce looks like
+                time.sleep(3600)
+
+    def graph_time(self, draft: bool, *, first_of_runner: bool) -> float:
+        times = self.ctx.times
+        if first_of_runner:
+            return times.first_draft_graph_s if draft else times.first_graph_s
+        return times.other_draft_graph_s if draft else times.other_graph_s
+
+    def capture_graph(self, tensors: tuple[float, ...], graph_time: float, draft: bool) -> None:
+        """One batch size's graph, tensor by tensor into the private pool."""
+        for tensor in tensors:
+            self.clock.sleep(graph_time / len(tensors))
+            try:
+                self.mem.alloc(tensor, private_pool=True)
+            except OutOfMemory as oom:
+                # Ranks are lock-stepped by the collectives inside capture; the tightest GPU reports first.
+                time.sleep(TIE_BREAK_DELAY_S * self.ctx.plan.tightness * min(1.0, max(self.clock.factor, 0.25)))
+                raise SchedulerFailure(_capture_oom_traceback(self.release, oom, draft)) from None
+            if len(tensors) > 1:
+                self.publish()  # the largest graph's buffers one by one: memory climbs to the peak (or the OOM)
+        self.publish()
 
 
 def _write_ready(fd: int) -> None:
