@@ -34,7 +34,10 @@ GiB = 1024**3
 #: How long (s, at time scale 1) a rank that fails in the same lock-stepped allocation as a tighter GPU
 #: waits before reporting, per place in the order; the main process tears the tree down well before.
 #: Not scaled: it is a race margin between processes, not a modelled duration.
-TIE_BREAK_DELAY_S = 0.4
+#: How long a rank whose allocation failed waits before reporting, when a GPU with less free memory is in the
+#: same lock-stepped step (its rank fails at this allocation or before it and reports; the main process then
+#: ends the tree, so this rank reports only if that did not happen): SGLang's log names the tightest GPU.
+TIGHTER_FAILS_FIRST_WAIT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -351,6 +354,7 @@ class _RankStartup:
         try:
             self.mem.alloc(gib)
         except OutOfMemory as oom:
+            self.let_tighter_gpus_fail_first()  # after the all-reduce above every rank allocates together
             raise SchedulerFailure(_plain_oom_traceback(oom, _KV_POOL_FRAME)) from None
         self.publish()  # the pool is one allocation: nvidia-smi sees it at once, the log lines come after
         self.clock.sleep(ctx.times.kv_alloc_s)
@@ -400,8 +404,18 @@ class _RankStartup:
         try:
             self.mem.alloc(self.ctx.plan.comm_gib)
         except OutOfMemory as oom:
+            self.let_tighter_gpus_fail_first()
             raise SchedulerFailure(_capture_oom_traceback(self.release, oom, draft)) from None
         self.publish()
+
+    def let_tighter_gpus_fail_first(self) -> None:
+        """Before reporting an OOM in a lock-stepped step, give a GPU with less free memory (which fails at the
+        same allocation or earlier) the time to report it: a fixed order, not the luck of a loaded machine."""
+        if self.ctx.plan.tightness == 0:
+            return
+        deadline = time.monotonic() + TIGHTER_FAILS_FIRST_WAIT_S
+        while time.monotonic() < deadline:  # the main process ends this process once the tighter rank reports
+            time.sleep(0.05)
 
     def first_capture_starts(self) -> None:
         """The kernel-config lines the first GEMMs print; with the capture_hang fault, no progress from here."""
@@ -424,8 +438,7 @@ class _RankStartup:
             try:
                 self.mem.alloc(tensor, private_pool=True)
             except OutOfMemory as oom:
-                # Ranks are lock-stepped by the collectives inside capture; the tightest GPU reports first.
-                time.sleep(TIE_BREAK_DELAY_S * self.ctx.plan.tightness * min(1.0, max(self.clock.factor, 0.25)))
+                self.let_tighter_gpus_fail_first()  # ranks are lock-stepped by capture's collectives
                 raise SchedulerFailure(_capture_oom_traceback(self.release, oom, draft)) from None
             if len(tensors) > 1:
                 self.publish()  # the largest graph's buffers one by one: memory climbs to the peak (or the OOM)
