@@ -15,7 +15,7 @@ SGLANG_PARSERS ?= .cache/sglang-parsers
 UV_HOME ?= .cache/uv
 UV := $(UV_HOME)/bin/uv
 
-.PHONY: demo test unit install lint typecheck pytest docs sshd chromium sglang-parsers clean
+.PHONY: demo test unit install lint typecheck pytest docs sshd chromium slurm sglang-parsers clean
 
 $(UV):
 	@$(PYTHON) -m venv $(UV_HOME) >/dev/null 2>&1 && $(UV_HOME)/bin/python -m pip install -q \
@@ -65,6 +65,11 @@ chromium:
 	    || echo "warning: could not install chromium; browser tests will skip (or fail with CI=true)"; \
 	else echo "note: chromium not found and not root: browser tests will skip (or fail with CI=true)"; fi
 
+# Debian's Slurm and munge for the Slurm tests (tests/slurmcluster.py starts a private cluster of its own):
+# installed when missing and we are root, like sshd; nothing is started or enabled.
+slurm:
+	@sh tools/slurm_install.sh || true
+
 # Real SGLang launch_server parsers (one small CPU venv per release) for the rendered-argv tests.
 sglang-parsers: | $(UV)
 	@UV="$$(test -x $(UV) && realpath $(UV))" bash tools/sglang_parser_venvs.sh $(SGLANG_PARSERS) \
@@ -83,7 +88,7 @@ typecheck: install
 # clock, not on a CPU; a file's module fixtures (the campaign) run once.
 PYTEST_WORKERS ?= 2
 
-pytest: install sshd chromium sglang-parsers
+pytest: install sshd chromium slurm sglang-parsers
 	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: pytest lint typecheck

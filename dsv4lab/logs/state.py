@@ -8,7 +8,9 @@ ends with a stray fragment of another run can still be judged by the run that ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dsv4lab.logs.events import (
     Capacity,
@@ -158,141 +160,174 @@ class RunState:
         if r is not None and (self.max_rank is None or r > self.max_rank):
             self.max_rank = r
         if type(ev) in _BATCHES:
-            self.content += 1
-            self.batches += 1
-            if self.api_up_line:
-                self.batches_after_api += 1
-            if self.ready_line and not self.traffic_line and _traffic(ev):
-                self.traffic_line = n
-                self.traffic_what = "batch stats"
-            self.last_batch_line = n
-            self.last_batch_ts = ev.ts or self.cur_ts
-            st = self.ranks.get(r)
-            st = st if st is not None else self.rank(r)
-            st.last_progress_line = n
-            st.last_progress_ts = self.last_batch_ts
-            if self.ready_line or self.startup_events == 0:
-                self.phase = Phase.SERVING  # before the ready line a batch is the warmup request
+            self._on_batch(ev)
             return
         if ev.ts is not None:
             self.cur_ts = ev.ts
-        if isinstance(ev, ErrorEvent):
-            self.content += 1
-            if len(self.errors) < _MAX_ERRORS:
-                self.errors.append(ev)
-            else:
-                self.dropped_errors += 1
-            return
         self.content += 1
-        if isinstance(ev, WeightLoad):
-            st = self.rank(ev.rank)
-            if ev.stage == "begin":
-                if st.pre is None:
-                    st.pre = ev.avail_gib
-                self._progress(ev, Phase.WEIGHT_LOADING)
-            else:
-                if st.post is None:
-                    st.post = ev.avail_gib
-                    st.weights = ev.usage_gib
-                self._progress(ev, Phase.KV_CACHE_ALLOC)
-            if ev.elapsed_s is not None:
-                self.new_style = True
-        elif isinstance(ev, KVCache):
-            st = self.rank(ev.rank)
-            if st.kv is None:
-                st.kv = ev.size_gib
-                st.kv_tokens = ev.tokens
-            self.kv_seen = True
-            # vLLM checks the pool against the context after sizing it; capture starts with its own line.
+        handler = _HANDLERS.get(type(ev))
+        if handler is None:
+            self.content -= 1  # warnings and kernel configs say nothing about progress
+        else:
+            handler(self, ev)
+
+    def _on_batch(self, ev: Event) -> None:
+        n = ev.line_no
+        self.content += 1
+        self.batches += 1
+        if self.api_up_line:
+            self.batches_after_api += 1
+        if self.ready_line and not self.traffic_line and _traffic(ev):
+            self.traffic_line = n
+            self.traffic_what = "batch stats"
+        self.last_batch_line = n
+        self.last_batch_ts = ev.ts or self.cur_ts
+        st = self.ranks.get(ev.rank)
+        st = st if st is not None else self.rank(ev.rank)
+        st.last_progress_line = n
+        st.last_progress_ts = self.last_batch_ts
+        if self.ready_line or self.startup_events == 0:
+            self.phase = Phase.SERVING  # before the ready line a batch is the warmup request
+
+    def _on_error(self, ev: ErrorEvent) -> None:
+        if len(self.errors) < _MAX_ERRORS:
+            self.errors.append(ev)
+        else:
+            self.dropped_errors += 1
+
+    def _on_weight_load(self, ev: WeightLoad) -> None:
+        st = self.rank(ev.rank)
+        if ev.stage == "begin":
+            if st.pre is None:
+                st.pre = ev.avail_gib
+            self._progress(ev, Phase.WEIGHT_LOADING)
+        else:
+            if st.post is None:
+                st.post = ev.avail_gib
+                st.weights = ev.usage_gib
             self._progress(ev, Phase.KV_CACHE_ALLOC)
-            if ev.dtype is not None:
-                self.new_style = True
-        elif isinstance(ev, MemoryPoolEnd):
-            st = self.rank(ev.rank)
-            if st.pool_end is None:
-                st.pool_end = ev.avail_gib
-            self._progress(ev, Phase.CUDA_GRAPH_CAPTURE)
-        elif isinstance(ev, GraphCapture):
-            st = self.rank(ev.rank)
-            if ev.bs:
-                self.max_bs_seen = max(max(ev.bs), self.max_bs_seen or 0)
-            if ev.graph in ("verify", "prefill") or ev.backend is not None:
-                self.new_style = True
-            draft = ev.role == "draft"
-            if ev.stage in ("begin", "plan"):
-                st.capture_role = ev.role
-                if ev.avail_gib is not None:
-                    st.capture_avail = ev.avail_gib
-                self._progress(ev, Phase.DRAFT_CUDA_GRAPH_CAPTURE if draft else Phase.CUDA_GRAPH_CAPTURE)
-            else:
-                if ev.usage_gib is not None:
-                    st.graphs += ev.usage_gib
-                if ev.engine is Engine.VLLM:
-                    self.graph_finished = True
-                self._progress(ev, Phase.WARMUP if ev.engine is Engine.VLLM else Phase.STARTUP_OTHER)
-        elif isinstance(ev, GraphProgress):
-            if ev.bs is not None:
-                self.max_bs_seen = max(ev.bs, self.max_bs_seen or 0)
-            st = self.rank(ev.rank)
-            draft = st.capture_role == "draft" or (
-                self.phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE and st.capture_role is None
-            )
+        if ev.elapsed_s is not None:
+            self.new_style = True
+
+    def _on_kv_cache(self, ev: KVCache) -> None:
+        st = self.rank(ev.rank)
+        if st.kv is None:
+            st.kv = ev.size_gib
+            st.kv_tokens = ev.tokens
+        self.kv_seen = True
+        # vLLM checks the pool against the context after sizing it; capture starts with its own line.
+        self._progress(ev, Phase.KV_CACHE_ALLOC)
+        if ev.dtype is not None:
+            self.new_style = True
+
+    def _on_pool_end(self, ev: MemoryPoolEnd) -> None:
+        st = self.rank(ev.rank)
+        if st.pool_end is None:
+            st.pool_end = ev.avail_gib
+        self._progress(ev, Phase.CUDA_GRAPH_CAPTURE)
+
+    def _on_graph_capture(self, ev: GraphCapture) -> None:
+        st = self.rank(ev.rank)
+        if ev.bs:
+            self.max_bs_seen = max(max(ev.bs), self.max_bs_seen or 0)
+        if ev.graph in ("verify", "prefill") or ev.backend is not None:
+            self.new_style = True
+        draft = ev.role == "draft"
+        if ev.stage in ("begin", "plan"):
+            st.capture_role = ev.role
             if ev.avail_gib is not None:
                 st.capture_avail = ev.avail_gib
-            if ev.label.startswith("registering"):
-                if ev.engine is Engine.VLLM:  # vLLM registers the graphs' buffers once capture is over
-                    self.graph_finished = True
-                    self._progress(ev, Phase.WARMUP)
-                return
-            if ev.done is not None and ev.total is not None:
-                if ev.done >= ev.total > 0:
-                    self.graph_bar_done = True
-                    self.graph_bar_open = None
-                else:
-                    self.graph_bar_open = ev
-                    self.graph_bar_done = False
             self._progress(ev, Phase.DRAFT_CUDA_GRAPH_CAPTURE if draft else Phase.CUDA_GRAPH_CAPTURE)
-        elif isinstance(ev, Capacity):
-            self.capacity = ev
-            self._progress(ev, Phase.WARMUP)
-        elif isinstance(ev, PhaseChange):
-            if ev.what == REQUEST_SERVED:
-                if self.ready_line and not self.traffic_line:
-                    self.traffic_line = n
-                    self.traffic_what = "a request's access line"
-                return
-            if ev.what == "engine initialised":
-                self.engine_ready = True
-            if ev.ready:
-                self.ready_line = ev.line_no
-            elif ev.phase is Phase.WARMUP and ev.what in (
-                "uvicorn running",
-                "application startup complete",
-            ):
-                self.api_up_line = ev.line_no
-            self._progress(ev, ev.phase)
-        elif isinstance(ev, DistInit):
-            self._progress(ev, Phase.STARTUP_OTHER)
-            if ev.text and "Init parallel" in ev.text:
-                self.new_style = True
-        elif isinstance(ev, ServerArgs):
-            self.server_args = ev
-            if ev.get("cuda_graph_max_bs_decode") is not None or "cuda_graph_max_bs_decode" in ev.args:
-                self.new_style = True
-            self.content -= 1  # arguments alone do not make a run worth diagnosing
-        elif isinstance(ev, VllmMemoryProfile):
-            if ev.utilization is not None:
-                self.vllm_util = ev.utilization
-            if ev.total_gib is not None:
-                self.vllm_total = ev.total_gib
-            if ev.kv_gib is not None:
-                self.vllm_kv = ev.kv_gib
-            self.kv_seen = True
-            self._progress(ev, Phase.KV_CACHE_ALLOC)
-        elif isinstance(ev, RunEnd):
-            self.ended = ev
-        elif isinstance(ev, DeviceMap):
-            self.visible = ev.visible
-            self.content -= 1  # a shell line says nothing about the run's progress
-        else:
-            self.content -= 1  # warnings and kernel configs say nothing about progress
+            return
+        if ev.usage_gib is not None:
+            st.graphs += ev.usage_gib
+        if ev.engine is Engine.VLLM:
+            self.graph_finished = True
+        self._progress(ev, Phase.WARMUP if ev.engine is Engine.VLLM else Phase.STARTUP_OTHER)
+
+    def _on_graph_progress(self, ev: GraphProgress) -> None:
+        if ev.bs is not None:
+            self.max_bs_seen = max(ev.bs, self.max_bs_seen or 0)
+        st = self.rank(ev.rank)
+        draft = st.capture_role == "draft" or (
+            self.phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE and st.capture_role is None
+        )
+        if ev.avail_gib is not None:
+            st.capture_avail = ev.avail_gib
+        if ev.label.startswith("registering"):
+            if ev.engine is Engine.VLLM:  # vLLM registers the graphs' buffers once capture is over
+                self.graph_finished = True
+                self._progress(ev, Phase.WARMUP)
+            return
+        if ev.done is not None and ev.total is not None:
+            if ev.done >= ev.total > 0:
+                self.graph_bar_done = True
+                self.graph_bar_open = None
+            else:
+                self.graph_bar_open = ev
+                self.graph_bar_done = False
+        self._progress(ev, Phase.DRAFT_CUDA_GRAPH_CAPTURE if draft else Phase.CUDA_GRAPH_CAPTURE)
+
+    def _on_capacity(self, ev: Capacity) -> None:
+        self.capacity = ev
+        self._progress(ev, Phase.WARMUP)
+
+    def _on_phase_change(self, ev: PhaseChange) -> None:
+        if ev.what == REQUEST_SERVED:
+            if self.ready_line and not self.traffic_line:
+                self.traffic_line = ev.line_no
+                self.traffic_what = "a request's access line"
+            return
+        if ev.what == "engine initialised":
+            self.engine_ready = True
+        if ev.ready:
+            self.ready_line = ev.line_no
+        elif ev.phase is Phase.WARMUP and ev.what in ("uvicorn running", "application startup complete"):
+            self.api_up_line = ev.line_no
+        self._progress(ev, ev.phase)
+
+    def _on_dist_init(self, ev: DistInit) -> None:
+        self._progress(ev, Phase.STARTUP_OTHER)
+        if ev.text and "Init parallel" in ev.text:
+            self.new_style = True
+
+    def _on_server_args(self, ev: ServerArgs) -> None:
+        self.server_args = ev
+        if ev.get("cuda_graph_max_bs_decode") is not None or "cuda_graph_max_bs_decode" in ev.args:
+            self.new_style = True
+        self.content -= 1  # arguments alone do not make a run worth diagnosing
+
+    def _on_vllm_memory(self, ev: VllmMemoryProfile) -> None:
+        if ev.utilization is not None:
+            self.vllm_util = ev.utilization
+        if ev.total_gib is not None:
+            self.vllm_total = ev.total_gib
+        if ev.kv_gib is not None:
+            self.vllm_kv = ev.kv_gib
+        self.kv_seen = True
+        self._progress(ev, Phase.KV_CACHE_ALLOC)
+
+    def _on_run_end(self, ev: RunEnd) -> None:
+        self.ended = ev
+
+    def _on_device_map(self, ev: DeviceMap) -> None:
+        self.visible = ev.visible
+        self.content -= 1  # a shell line says nothing about the run's progress
+
+
+# One handler per event type (``add`` looks the event's exact type up: events are final dataclasses).
+_HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
+    ErrorEvent: RunState._on_error,
+    WeightLoad: RunState._on_weight_load,
+    KVCache: RunState._on_kv_cache,
+    MemoryPoolEnd: RunState._on_pool_end,
+    GraphCapture: RunState._on_graph_capture,
+    GraphProgress: RunState._on_graph_progress,
+    Capacity: RunState._on_capacity,
+    PhaseChange: RunState._on_phase_change,
+    DistInit: RunState._on_dist_init,
+    ServerArgs: RunState._on_server_args,
+    VllmMemoryProfile: RunState._on_vllm_memory,
+    RunEnd: RunState._on_run_end,
+    DeviceMap: RunState._on_device_map,
+}
