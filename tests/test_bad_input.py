@@ -301,7 +301,7 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
     ),
     ("run: concurrency 0", ["run", "01", "-p", "concurrency", "0"], "parameter concurrency", "integers >= 1"),
     ("run: repeats 2", ["run", "01", "-p", "repeats", "2"], "parameter repeats", "an integer >= 3"),
-    ("run: target", ["run", "01", "-p", "target", "vllm"], "parameter target", "twin (the SGLang twin"),
+    ("run: target", ["run", "01", "-p", "target", "tgi"], "parameter target", "(allowed: twin, sglang"),
     ("run: hardware", ["run", "01", "-p", "hardware", "gpu9000"], "parameter hardware", "allowed: rtx-pro-6000-x8"),
     ("run: release", ["run", "01", "-p", "sglang_version", "latest"], "parameter sglang_version", "a version number"),
     ("run: preset", ["run", "04", "-p", "preset", "config_z"], "parameter preset", "allowed: config_a"),

@@ -105,7 +105,7 @@ def test_wrong_values_are_clear_errors_before_launch(lab: Lab) -> None:
     with pytest.raises(ConfigError, match="config_c"):
         lab.launch("config_c")
     with pytest.raises(ConfigError, match="target"):
-        Lab(target="vllm")  # type: ignore[arg-type]
+        Lab(target="tgi")
     with pytest.raises(ConfigError, match="hardware"):
         Lab(hardware="a100-x3")
     with pytest.raises(ConfigError, match="fault"):

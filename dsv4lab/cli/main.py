@@ -20,6 +20,7 @@ from dsv4lab.cli.argparsing import ArgumentParser, add_host_options
 from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script, server_command
 from dsv4lab.config.presets import PRESETS, preset
 from dsv4lab.config.server_config import ServerConfig, diff, field_help, field_names, load
+from dsv4lab.engines import ENGINE_NAMES, Engine, get_engine
 from dsv4lab.errors import ConfigError, DSV4LabError, UnknownNameError, exit_code_for
 from dsv4lab.resources import __version__
 
@@ -165,6 +166,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
     from dsv4lab.serving.launch import launch
 
+    engine = _engine_from_args(args)
+    args.twin = engine.rehearsal
     config = _config_from_args(args)
     _check_twin_options(args)
     host = _host_from_args(args)
@@ -179,7 +182,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         host,
         config,
         args.run_dir,
-        target="twin" if args.twin else "sglang",
+        target=engine.name,
         sglang_version=args.sglang_version,
         python=args.python,
         twin_env=twin_env,
@@ -191,6 +194,16 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         print(f"started {handle.target} on {host.name}: launcher PID {handle.launcher_pid}, run dir {handle.run_dir}")
         print(f"next: dsv4lab watch {handle.run_dir}" + (f" --host {args.host}" if args.host else ""))
     return 0
+
+
+def _engine_from_args(args: argparse.Namespace) -> Engine:
+    """``--engine NAME``, with ``--twin`` its short form for the twin; both at once must agree."""
+    if args.engine is None:
+        return get_engine("twin" if args.twin else "sglang")
+    engine = get_engine(args.engine)
+    if args.twin and not engine.rehearsal:
+        raise ConfigError("--twin", f"--engine {args.engine}", "--twin alone (it means --engine twin) or --engine")
+    return engine
 
 
 def _check_twin_options(args: argparse.Namespace) -> None:
@@ -559,7 +572,13 @@ def _launch_verb(verbs: _Verbs) -> None:
     _add_config_source(la)
     add_host_options(la)
     la.add_argument("--run-dir", required=True, help="run directory on the host")
-    la.add_argument("--twin", action="store_true", help="start the SGLang twin instead of SGLang")
+    la.add_argument(
+        "--engine",
+        choices=ENGINE_NAMES,
+        default=None,
+        help="what to start: the SGLang twin (no GPU), SGLang, or vLLM (default: sglang)",
+    )
+    la.add_argument("--twin", action="store_true", help="short for --engine twin")
     la.add_argument("--hardware", default="rtx-pro-6000-x8", help="twin hardware profile")
     la.add_argument("--time-scale", type=float, default=None, help="twin time scale (1 = real time)")
     la.add_argument("--fault", default=None, help="twin fault to inject")

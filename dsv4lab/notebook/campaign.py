@@ -39,10 +39,11 @@ from dsv4lab.notebook.nbrun import (
     notebook_parameters,
     run_host,
     run_notebook,
+    target_provenance,
 )
 from dsv4lab.notebook.report import public_html
 from dsv4lab.resources import CAMPAIGNS, TEMPLATES
-from dsv4lab.units import Clock, fmt_tok_s
+from dsv4lab.units import fmt_tok_s
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -623,16 +624,7 @@ def _chart_view(spec: Mapping[str, Any], by_id: Mapping[str, StepState], folder:
 def _provenance(campaign: Campaign) -> list[tuple[str, str]]:
     env = environment(campaign.parameters)
     p = campaign.parameters
-    target = str(p.get("target", "twin"))
-    rows = [
-        ("target", "the SGLang twin (no GPU; modelled hardware)" if target == "twin" else "a real SGLang server"),
-        ("host", str(p.get("host", "local"))),
-        ("hardware", str(p.get("hardware", ""))),
-    ]
-    if target == "twin":
-        with contextlib.suppress(TypeError, ValueError):
-            clock = Clock.twin(float(p.get("time_scale", 1.0)), str(p.get("hardware", "")) or None)
-            rows.append(("clock", clock.note()))
+    rows = target_provenance(p)
     rows.append(
         (
             "versions",

@@ -21,14 +21,13 @@ import contextlib
 import datetime as _dt
 import math
 import re
-import sys
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
@@ -38,6 +37,7 @@ from dsv4lab.config.presets import KERNEL_CONFIG_DIR, PRESETS, preset
 from dsv4lab.config.server_config import ServerConfig, diff
 from dsv4lab.config.versions import resolve_release
 from dsv4lab.counts import plural
+from dsv4lab.engines import ENGINE_NAMES, Engine, SessionSettings, get_engine
 from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError, UnknownNameError
 from dsv4lab.hosts import Host, LocalHost, open_host
 from dsv4lab.logs import Diagnosis
@@ -46,13 +46,12 @@ from dsv4lab.notebook.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Serve
 from dsv4lab.serving.launch import ServerHandle, attach, launch, pick_port
 from dsv4lab.serving.watch import Readiness, Verdict
 from dsv4lab.tables import Table, table
-from dsv4lab.units import REAL, Clock
+from dsv4lab.units import Clock
 
 __all__ = ["TARGETS", "Lab"]
 
-Target = Literal["twin", "sglang"]
-#: The values ``target=`` accepts: the twin, or SGLang itself.
-TARGETS: tuple[Target, ...] = ("twin", "sglang")
+#: The values ``target=`` accepts: the engines (the twin, SGLang itself).
+TARGETS: tuple[str, ...] = ENGINE_NAMES
 
 #: Ports tried before a launch gives up (each taken one is skipped).
 _PORT_ATTEMPTS = 20
@@ -66,7 +65,7 @@ class Lab:
         self,
         host: str | Host = "local",
         *,
-        target: Target = "twin",
+        target: str = "twin",
         hardware: str = "rtx-pro-6000-x8",
         sglang_version: str | None = None,
         time_scale: float = 0.05,
@@ -99,16 +98,16 @@ class Lab:
             progress: live progress in notebooks, text lines in scripts and papermill.
             known_hosts, trust_host_key: SSH host-key checking (an unknown key is refused unless trusted).
         """
-        if target not in TARGETS:
-            raise ConfigError("target", target, "twin (the SGLang twin, no GPU) or sglang (a real server)")
+        engine = get_engine(target)
         if not (isinstance(time_scale, (int, float)) and not isinstance(time_scale, bool) and time_scale > 0):
             raise ConfigError("time_scale", time_scale, "a positive number (1 = real time)")
         if not (isinstance(base_port, int) and 1024 <= base_port <= 65000):
             raise ConfigError("base_port", base_port, "an integer from 1024 to 65000")
-        self.target: Target = target
+        self.engine: Engine = engine
+        self.target: str = engine.name
         self.hardware: HardwareProfile = hardware_profile(hardware)
         self.sglang_version = resolve_release(sglang_version).version
-        self.time_scale = float(time_scale) if target == "twin" else 1.0
+        self.time_scale = float(time_scale) if engine.rehearsal else 1.0
         self.python = python
         self.kernel_config_dir = kernel_config_dir
         self.base_port = base_port
@@ -146,7 +145,12 @@ class Lab:
     @property
     def clock(self) -> Clock:
         """The clock this session's figures are read on: the modelled hardware on the twin."""
-        return Clock.twin(self.time_scale, self.hardware.name) if self.target == "twin" else REAL
+        return self.engine.clock(self._settings())
+
+    def _settings(self, fault: str | None = None) -> dict[str, str] | None:
+        """The engine settings every launch of this session exports (the twin's profile, time scale, seed)."""
+        session = SessionSettings(self.hardware.name, self.time_scale, fault, self.seed)
+        return self.engine.launch_env(session)
 
     @property
     def model(self) -> ModelProfile:
@@ -168,7 +172,7 @@ class Lab:
     def _kernel_dir(self) -> str:
         if self.kernel_config_dir is not None:
             return self.kernel_config_dir
-        if self.target != "twin":
+        if not self.engine.rehearsal:
             return KERNEL_CONFIG_DIR
         if self._twin_kernel_dir is None:
             self._twin_kernel_dir = self._write_twin_kernel_configs()
@@ -220,7 +224,7 @@ class Lab:
         ``slow_start[:x]``). The server is tracked: the session stops it at its end unless ``keep``.
         """
         cfg = self.config(config, **overrides)
-        if fault is not None and self.target != "twin":
+        if fault is not None and not self.engine.rehearsal:
             raise ConfigError("fault", fault, "only on the twin (target='twin')")
         base = name or (config if isinstance(config, str) and config in PRESETS else "server")
         label = self._unique_name(base.replace("_", "-"))
@@ -288,22 +292,10 @@ class Lab:
 
         Sampling starts *before* the server so the timeline holds the whole startup from idle GPUs on.
         """
-        twin_env: dict[str, str] | None = None
-        if self.target == "twin":
-            twin_env = {
-                "DSV4LAB_TWIN_HARDWARE": self.hardware.name,
-                "DSV4LAB_TWIN_TIME_SCALE": str(self.time_scale),
-                # Millisecond log timestamps (SGLang's own switch): a scaled startup lasts seconds, and the
-                # memory timeline's phase bands need finer than a second to line up with the samples.
-                "SGLANG_LOG_MS": "1",
-            }
-            if fault:
-                twin_env["DSV4LAB_TWIN_FAULT"] = fault
-            if self.seed is not None:
-                twin_env["DSV4LAB_TWIN_SEED"] = str(self.seed)
+        twin_env = self._settings(fault)
         python = self.python
-        if python is None and self.target == "twin" and self.is_local:
-            python = sys.executable
+        if python is None and self.engine.rehearsal and self.is_local:
+            python = self.engine.default_python(True)
         skipped: list[int] = [s.port for s in self.servers if s.stopped is None]
         for _ in range(_PORT_ATTEMPTS):
             chosen = port if port is not None else pick_port(self.host, self.base_port, avoid=skipped)
@@ -335,10 +327,10 @@ class Lab:
     ) -> tuple[Any, Exception | None]:
         """A started GPU sampler for the server about to run on ``port`` (the twin's stand-in picks it by
         port), or the reason it could not start — shown by ``gpu_memory()`` and as a warning now."""
-        from dsv4lab.serving.gpumem import GpuSampler, smi_command_for, twin_interval_ms
+        from dsv4lab.serving.gpumem import GpuSampler, smi_command_for
 
-        command = smi_command_for(self.target, python=python or "python3", port=port, twin_env=twin_env)
-        interval = twin_interval_ms(self.time_scale) if self.target == "twin" else 500
+        command = smi_command_for(self.engine, python=python or "python3", port=port, twin_env=twin_env)
+        interval = self.engine.sample_interval_ms(twin_env)
         sampler = GpuSampler(
             self.host, interval_ms=interval, csv_path=samples_dir / "gpu_memory.csv", smi_command=command
         )
@@ -499,7 +491,7 @@ class Lab:
             raise ConfigError("timeout_s", timeout_s, "a positive number of seconds to wait for each server's READY")
         server_names = _server_names(arms)
 
-        together = self.target == "twin" if together is None else together
+        together = self.engine.rehearsal if together is None else together
         started: list[Server] = []
 
         def start(config: ServerConfig, name: str) -> Server:
@@ -585,7 +577,7 @@ class Lab:
     def _repr_html_(self) -> str:
         facts: list[tuple[str, object]] = [
             ("host", self.host.name),
-            ("target", self.target + (f" (time scale {self.time_scale:g})" if self.target == "twin" else "")),
+            ("target", self.target + (f" (time scale {self.time_scale:g})" if self.engine.rehearsal else "")),
             ("hardware", f"{self.hardware.name}: {self.hardware.count} x {self.hardware.gpu.name}"),
             ("SGLang flags", self.sglang_version),
             ("results", str(self.run_root)),

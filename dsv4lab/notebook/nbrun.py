@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab.atomicfile import write_json_atomic, write_text_atomic
+from dsv4lab.engines import ENGINES
 from dsv4lab.errors import ConfigError, DSV4LabError, Interrupted, NotebookError, UnknownNameError
 from dsv4lab.notebook.experiment import RESULTS_FILE, check_experiment_parameters, read_results
 from dsv4lab.notebook.report import redact_notebook_file
 from dsv4lab.resources import NOTEBOOKS, PACKAGE_DIR
 from dsv4lab.secrets import collect_secrets
-from dsv4lab.units import Clock
+from dsv4lab.units import REAL, Clock
 
 __all__ = [
     "NOTEBOOK_DIR",
@@ -593,16 +594,7 @@ def _provenance(params: Mapping[str, Any], out_dir: Path) -> list[tuple[str, str
     env = {}
     with contextlib.suppress(OSError, ValueError):
         env = json.loads((out_dir / "env.json").read_text(encoding="utf-8"))
-    target = str(params.get("target", "twin"))
-    rows: list[tuple[str, str]] = [
-        ("target", "the SGLang twin (no GPU; modelled hardware)" if target == "twin" else "a real SGLang server"),
-        ("host", str(params.get("host", "local"))),
-        ("hardware", str(params.get("hardware", ""))),
-    ]
-    if target == "twin":
-        with contextlib.suppress(TypeError, ValueError):
-            clock = Clock.twin(float(params.get("time_scale", 1.0)), str(params.get("hardware", "")) or None)
-            rows.append(("clock", clock.note()))
+    rows = target_provenance(params)
     shown = {"target", "host", "hardware", "time_scale", "run_dir"}
     rest = ", ".join(f"{k}={v!r}" for k, v in params.items() if k not in shown and v not in (None, "", []))
     if rest:
@@ -614,6 +606,32 @@ def _provenance(params: Mapping[str, Any], out_dir: Path) -> list[tuple[str, str
     if env.get("git"):
         rows.append(("git", str(env["git"])))
     rows.append(("run", f"{out_dir.name} ({env.get('started_at', '')})"))
+    return rows
+
+
+def params_clock(params: Mapping[str, Any]) -> Clock:
+    """The clock a run with these notebook parameters reads its figures on (its engine's; as measured when
+    the parameters name no engine dsv4lab knows)."""
+    engine = ENGINES.get(str(params.get("target", "twin")))
+    if engine is None:
+        return REAL
+    try:
+        return engine.session_clock(float(params.get("time_scale", 1.0)), str(params.get("hardware", "")) or None)
+    except (TypeError, ValueError):
+        return REAL
+
+
+def target_provenance(params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A report's first provenance rows: what the server was, where, on which hardware and clock."""
+    engine = ENGINES.get(str(params.get("target", "twin")))
+    rows: list[tuple[str, str]] = [
+        ("target", engine.description if engine else str(params.get("target"))),
+        ("host", str(params.get("host", "local"))),
+        ("hardware", str(params.get("hardware", ""))),
+    ]
+    clock = params_clock(params)
+    if clock.is_twin:
+        rows.append(("clock", clock.note()))
     return rows
 
 
@@ -631,9 +649,9 @@ def environment(params: Mapping[str, Any]) -> dict[str, Any]:
         "git": _git_commit(),
         "host": params.get("host", "local"),
         "target": target,
-        "twin": target == "twin",
+        "twin": params_clock(params).is_twin,
         "hardware": params.get("hardware"),
-        "time_scale": params.get("time_scale") if target == "twin" else None,
+        "time_scale": params.get("time_scale") if params_clock(params).is_twin else None,
     }
 
 

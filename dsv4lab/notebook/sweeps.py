@@ -31,11 +31,11 @@ from dsv4lab.notebook.nbrun import (
     find_notebook,
     new_run_dir,
     notebook_parameters,
+    params_clock,
     run_host,
     run_notebook,
 )
 from dsv4lab.resources import TEMPLATES
-from dsv4lab.units import Clock
 
 __all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_text", "load_points", "run_sweep"]
 
@@ -383,10 +383,8 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[
     for p, row in zip(points, cells, strict=True):
         report = str(Path(p.report).relative_to(folder)) if p.report else None
         rows.append({"cells": row, "status": p.status, "report": report})
-    clock = ""
-    if str(fixed.get("target", "")) == "twin":
-        with contextlib.suppress(TypeError, ValueError):
-            clock = Clock.twin(float(fixed.get("time_scale", 1.0)), str(fixed.get("hardware", "")) or None).note()
+    session_clock = params_clock({"target": "", **fixed})
+    clock = session_clock.note() if session_clock.is_twin else ""
     page = env.get_template("sweep_index.html.j2").render(
         title=result.title,
         notebook=nb.stem,

@@ -27,10 +27,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 import pandas as pd
 
+from dsv4lab.engines import Engine, get_engine, twin_interval_ms
 from dsv4lab.errors import ConfigError, HostConnectionError, HostError
 from dsv4lab.hosts import Host, LineStream
 
@@ -80,41 +81,22 @@ class SmiCommand:
         return [*words, "-lms", str(interval_ms)]
 
 
-#: Twin settings the stand-in needs to see the same state as the twin it reports on.
-_TWIN_ENV_KEYS = ("DSV4LAB_TWIN_STATE_DIR", "DSV4LAB_TWIN_HARDWARE")
-
-
 def smi_command_for(
-    target: Literal["sglang", "twin"] = "sglang",
+    target: str | Engine = "sglang",
     *,
     python: str = "python3",
     port: int | None = None,
     pid: int | None = None,
     twin_env: Mapping[str, str] | None = None,
 ) -> SmiCommand:
-    """nvidia-smi on a real host, or the twin's stand-in run by ``python`` (which must have dsv4lab).
+    """The engine's GPU-memory command: nvidia-smi on a real host, or the twin's stand-in run by ``python``
+    (which must have dsv4lab).
 
     For the twin, ``port`` (its HTTP port) or ``pid`` (its main PID) picks which twin to report when several
     run on the machine; ``twin_env`` is the launch's twin environment (its state dir and hardware profile).
     """
-    if target == "sglang":
-        return SmiCommand()
-    if target != "twin":
-        raise ConfigError("target", target, "'sglang' or 'twin'")
-    env = {k: v for k, v in (twin_env or {}).items() if k in _TWIN_ENV_KEYS}
-    if port is not None:
-        env["DSV4LAB_TWIN_SMI_PORT"] = str(int(port))
-    if pid is not None:
-        env["DSV4LAB_TWIN_SMI_PID"] = str(int(pid))
-    return SmiCommand((python, "-m", "dsv4lab.twin.smi"), env)
-
-
-def twin_interval_ms(time_scale: float, real_interval_ms: int = 500) -> int:
-    """The sampling interval that sees on the twin what ``real_interval_ms`` sees on real hardware.
-
-    The twin runs every phase ``time_scale`` times as long, so the interval shrinks with it (20 ms floor).
-    """
-    return max(20, min(real_interval_ms, round(real_interval_ms * time_scale)))
+    spec = get_engine(target).smi(python, port, twin_env, pid=pid)
+    return SmiCommand(spec.executable, dict(spec.env))
 
 
 # -- parsing ----------------------------------------------------------------------------------------------------
@@ -440,19 +422,11 @@ def sampler_for(
     from dsv4lab.hosts import LocalHost
 
     extra = getattr(handle, "extra", {}) or {}
-    twin_env = dict(extra.get("twin_env") or {})
-    if getattr(handle, "target", "sglang") == "twin":
-        command = smi_command_for(
-            "twin", python=str(extra.get("python") or "python3"), port=handle.port, twin_env=twin_env
-        )
-        if interval_ms is None:
-            try:
-                scale = float(twin_env.get("DSV4LAB_TWIN_TIME_SCALE", "1") or 1)
-            except ValueError:
-                scale = 1.0
-            interval_ms = twin_interval_ms(scale)
-    else:
-        command = smi_command_for("sglang")
+    settings = dict(extra.get("twin_env") or {})
+    engine = get_engine(getattr(handle, "target", "sglang"))
+    command = smi_command_for(engine, python=str(extra.get("python") or "python3"), port=handle.port, twin_env=settings)
+    if interval_ms is None:
+        interval_ms = engine.sample_interval_ms(settings)
     if csv_path is None and isinstance(handle.host, LocalHost):
         csv_path = Path(handle.run_dir) / "gpu_memory.csv"
     return GpuSampler(handle.host, interval_ms=interval_ms or 500, csv_path=csv_path, smi_command=command, **options)

@@ -1,4 +1,4 @@
-"""Start, find again and stop a server (SGLang or the twin) on a host.
+"""Start, find again and stop a server (the twin, SGLang or vLLM: see :mod:`dsv4lab.engines`) on a host.
 
 A launch writes everything it needs into one run directory on the host — config, env file, launch
 script, and a ``handle.json`` — so that a later notebook, another machine or ``dsv4lab stop`` can
@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from dsv4lab.config.launch_script import Target, render_argv, render_env_file, render_launch_script
+from dsv4lab.config.launch_script import render_env_file
 from dsv4lab.config.server_config import ServerConfig
-from dsv4lab.config.versions import resolve_release
 from dsv4lab.counts import plural
+from dsv4lab.engines import Engine, SGLangEngine, get_engine
 from dsv4lab.errors import DSV4LabError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, KillReport, LocalHost
 from dsv4lab.rundir import RunLayout
-from dsv4lab.units import REAL, Clock
+from dsv4lab.units import Clock
 
 __all__ = [
     "LaunchError",
@@ -139,8 +138,9 @@ class ServerHandle:
     run_dir: str
     launcher_pid: int
     started_at: float
-    target: Target = "sglang"
-    sglang_version: str = "0.5.23"
+    target: str = "sglang"
+    #: The engine release whose flags were rendered (SGLang's for the twin and SGLang).
+    version: str = "0.5.23"
     node_rank: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -157,11 +157,23 @@ class ServerHandle:
         return self.config.port
 
     @property
+    def engine(self) -> Engine:
+        return get_engine(self.target)
+
+    @property
+    def sglang_version(self) -> str:
+        """The release whose flags were rendered (named for SGLang, the first engine; see ``version``)."""
+        return self.version
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The engine settings the launch exported (the twin's profile, time scale, fault)."""
+        return dict(self.extra.get("twin_env") or {})
+
+    @property
     def clock(self) -> Clock:
         """The clock this server's figures are read on (the twin's modelled hardware, or as measured)."""
-        if self.target != "twin":
-            return REAL
-        return Clock.from_twin_env({"DSV4LAB_TWIN_TIME_SCALE": "1", **dict(self.extra.get("twin_env") or {})})
+        return self.engine.clock(self.settings)
 
     def server_pid(self) -> int | None:
         """PID of the server process, once the launch script has started it."""
@@ -214,7 +226,8 @@ class ServerHandle:
             "launcher_pid": self.launcher_pid,
             "started_at": self.started_at,
             "target": self.target,
-            "sglang_version": self.sglang_version,
+            "version": self.version,
+            **({"sglang_version": self.version} if isinstance(self.engine, SGLangEngine) else {}),
             "node_rank": self.node_rank,
             "port": self.port,
             "config": self.config.to_dict(redact=True),
@@ -227,7 +240,7 @@ class ServerHandle:
         from dsv4lab import htmlview as hv
 
         facts: list[tuple[str, object]] = [
-            ("host", f"{self.host.name} ({self.target}, SGLang {self.sglang_version} flags)"),
+            ("host", f"{self.host.name} ({self.target}, {self.engine.release_words(self.version)})"),
             ("port", str(self.port)),
             ("run dir", self.run_dir),
             ("launcher PID", str(self.launcher_pid)),
@@ -412,7 +425,7 @@ echo OK
 
 
 def check_host(
-    host: Host, config: ServerConfig, *, target: Target = "sglang", python: str = "python3", timeout_s: float = 30.0
+    host: Host, config: ServerConfig, *, target: str = "sglang", python: str = "python3", timeout_s: float = 30.0
 ) -> None:
     """Raise :class:`~dsv4lab.errors.HostSetupError` naming what the launch would miss on ``host``.
 
@@ -420,7 +433,7 @@ def check_host(
     (or ``dsv4lab`` for the twin); a ``kernel_config_dir`` must hold tuned ``N=*.json`` files, because
     without them SGLang quietly runs the untuned kernels and the campaign measures the wrong thing.
     """
-    module = "dsv4lab" if target == "twin" else "sglang"
+    module = get_engine(target).module
     argv = [
         "bash",
         "-c",
@@ -460,23 +473,12 @@ def check_host(
     raise HostSetupError(f"on {host.name}: the pre-launch check printed {verdict!r}")
 
 
-def check_twin(config: ServerConfig, twin_env: Mapping[str, str] | None, sglang_version: str) -> None:
-    """Raise :class:`~dsv4lab.errors.ConfigError` for what would make the twin exit at start: its settings
-    (hardware, time scale, fault) and the memory model's refusals (an unknown model, more GPUs than the
-    hardware has). Found before the launch, they are bad input, not a crash to diagnose."""
-    from dsv4lab.model.memory import preflight
-    from dsv4lab.twin.settings import TwinSettings
-
-    settings = TwinSettings.from_env({**(twin_env or {}), "DSV4LAB_TWIN_SGLANG_VERSION": sglang_version})
-    preflight(config, settings.hardware, sglang_version=settings.release)
-
-
 def launch(
     host: Host,
     config: ServerConfig,
     run_dir: str,
     *,
-    target: Target = "sglang",
+    target: str = "sglang",
     sglang_version: str | None = None,
     python: str | None = None,
     twin_env: Mapping[str, str] | None = None,
@@ -492,13 +494,13 @@ def launch(
     A port in use, or reserved by another launch, raises :class:`StaleServerError` unless
     ``replace_stale`` kills the process tree holding it.
     """
-    release = resolve_release(sglang_version)
-    render_env_file(config)  # what cannot be rendered (a flag the release lacks, a redacted secret) is refused
-    render_argv(config, release)  # here, before anything is written on the host
-    if target == "twin":
-        check_twin(config, twin_env, release.version)
+    engine = get_engine(target)
+    version = engine.resolve_version(sglang_version)
+    # What cannot be rendered (a flag the release lacks, a redacted secret) or what the engine refuses at
+    # start is refused here, before anything is written on the host.
+    engine.check(config, version, twin_env)
     if python is None:
-        python = sys.executable if target == "twin" and isinstance(host, LocalHost) else "python3"
+        python = engine.default_python(isinstance(host, LocalHost))
     if check:
         _retry(lambda: check_host(host, config, target=target, python=python, timeout_s=timeout_s))
     run_dir = _retry(lambda: host.absolute_path(run_dir))
@@ -508,9 +510,7 @@ def launch(
     try:
         _free_port(host, config.port, replace_stale, timeout_s)
         _upload_config(host, layout, config, timeout_s)
-        script = render_launch_script(
-            config, run_dir=run_dir, sglang_version=release, python=python, target=target, twin_env=twin_env
-        )
+        script = engine.launch_script(config, run_dir=run_dir, version=version, python=python, settings=twin_env)
         _retry(lambda: host.put_text(layout.script, script, mode=0o700))
         started = time.time()
         pid = _start(host, layout, run_dir, timeout_s)
@@ -522,7 +522,7 @@ def launch(
         claim = ["bash", "-c", _ports_script(_CLAIM_PORT), "dsv4lab-port", str(config.port), run_dir, str(pid)]
         _retry(lambda: host.run(claim, timeout_s=timeout_s))
         extra = {"twin_env": dict(twin_env or {}), "python": python}
-        handle = ServerHandle(host, config, run_dir, pid, started, target, release.version, config.node_rank, extra)
+        handle = ServerHandle(host, config, run_dir, pid, started, engine.name, version, config.node_rank, extra)
         record = json.dumps(handle.to_dict(), indent=2)
         _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record, mode=0o600))
     except BaseException:
@@ -587,7 +587,7 @@ def launch_nodes(
     dist_port: int = 5000,
     node0_address: str | None = None,
     port_step: int = 0,
-    target: Target = "sglang",
+    target: str = "sglang",
     sglang_version: str | None = None,
     python: str | None = None,
     twin_env: Mapping[str, str] | None = None,
@@ -647,7 +647,7 @@ def attach(host: Host, run_dir: str) -> ServerHandle:
     if data is None:
         raise LaunchError(f"no dsv4lab launch in {run_dir} on {host.name} ({HANDLE_FILE} missing or unreadable)")
     config = ServerConfig.from_dict(data["config"])
-    target: Target = "twin" if data.get("target") == "twin" else "sglang"
+    target = str(data.get("target") or "sglang")
     extra = {k: v for k, v in data.items() if k in ("twin_env", "python")}
     return ServerHandle(
         host,
@@ -656,7 +656,7 @@ def attach(host: Host, run_dir: str) -> ServerHandle:
         int(data["launcher_pid"]),
         float(data["started_at"]),
         target,
-        str(data.get("sglang_version", "0.5.23")),
+        str(data.get("version") or data.get("sglang_version") or "0.5.23"),
         int(data.get("node_rank", 0)),
         extra,
     )

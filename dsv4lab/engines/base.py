@@ -1,0 +1,107 @@
+"""What an engine is to the lab: everything that differs between the twin, SGLang and vLLM, in one object.
+
+The layers above (launch, watch, the sampler, ``Lab``, reports) ask the engine instead of comparing a
+target's name, so that a new engine is one module here and not a branch in every file that launches,
+samples or describes a server.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dsv4lab.units import REAL, Clock
+
+__all__ = ["Engine", "SessionSettings", "SmiSpec"]
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a lab session decides for every launch of an engine (the twin reads all of them; a real engine
+    only those that mean something for it)."""
+
+    hardware: str = "rtx-pro-6000-x8"
+    time_scale: float = 1.0
+    fault: str | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class SmiSpec:
+    """How to run the GPU-memory sampler for a server: the executable words and their environment
+    (``nvidia-smi`` on a real host, the twin's stand-in on the twin)."""
+
+    executable: tuple[str, ...] = ("nvidia-smi",)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """One serving engine: its config type, how it is launched and checked, its clock and its sampler."""
+
+    #: The name ``target=`` / ``--engine`` takes and ``handle.json`` records.
+    name: ClassVar[str]
+    #: Who the server is, for reports and parameter tables ("a real SGLang server").
+    description: ClassVar[str]
+    #: The module the server host's interpreter must import for a launch to start.
+    module: ClassVar[str]
+    #: The bench client's default ``--backend`` for this engine's servers.
+    bench_backend: ClassVar[str]
+    #: Whether the twin's rehearsal knobs (faults, time scale, stand-in kernels) apply.
+    rehearsal: ClassVar[bool] = False
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name}>"
+
+    # -- versions and configs ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def resolve_version(self, version: str | None) -> str:
+        """The release whose flags are rendered (``None``: the newest dsv4lab knows); unknown ones raise."""
+
+    @abstractmethod
+    def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
+        """Raise for what would make the launch fail at once (a flag the release lacks, a redacted secret,
+        the twin's refusals), before anything is written on the host."""
+
+    @abstractmethod
+    def launch_script(
+        self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
+    ) -> str:
+        """The bash launch script (see :func:`dsv4lab.config.launch_script.render_script`)."""
+
+    def default_python(self, local: bool) -> str:
+        """The server host's interpreter when the user names none."""
+        return "python3"
+
+    # -- per session -------------------------------------------------------------------------------------
+
+    def launch_env(self, session: SessionSettings) -> dict[str, str] | None:
+        """Engine settings exported into every launch of a session (``None``: none)."""
+        return None
+
+    def session_clock(self, time_scale: float, hardware: str | None) -> Clock:
+        """The clock of a session with these settings (reports read it from the notebook's parameters)."""
+        return REAL
+
+    def clock(self, settings: Mapping[str, str] | None) -> Clock:
+        """The clock a server's figures are read on."""
+        return REAL
+
+    def smi(
+        self, python: str, port: int | None, settings: Mapping[str, str] | None, *, pid: int | None = None
+    ) -> SmiSpec:
+        """How to sample this server's GPU memory (``port`` or ``pid`` picks one of several servers where the
+        sampler cannot tell them apart otherwise)."""
+        return SmiSpec()
+
+    def sample_interval_ms(self, settings: Mapping[str, str] | None) -> int:
+        return 500
+
+    def release_words(self, version: str) -> str:
+        """How a report names the flags' release ("SGLang 0.5.23 flags")."""
+        return f"{self.name} {version} flags"
+
+    def known_versions(self) -> Sequence[str]:
+        return ()

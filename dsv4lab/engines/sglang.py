@@ -1,0 +1,52 @@
+"""SGLang itself: ``python -m sglang.launch_server`` with the flags of one release."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.config.versions import RELEASES, resolve_release
+from dsv4lab.engines.base import Engine
+from dsv4lab.errors import ConfigError
+
+__all__ = ["SGLangEngine"]
+
+
+def _server_config(config: Any, engine: str) -> ServerConfig:
+    if not isinstance(config, ServerConfig):
+        raise ConfigError("config", type(config).__name__, f"a ServerConfig (SGLang's flags) for the {engine} engine")
+    return config
+
+
+class SGLangEngine(Engine):
+    name = "sglang"
+    description = "a real SGLang server"
+    module = "sglang"
+    bench_backend = "sglang"
+
+    def resolve_version(self, version: str | None) -> str:
+        return resolve_release(version).version
+
+    def known_versions(self) -> Sequence[str]:
+        return tuple(r.version for r in RELEASES)
+
+    def release_words(self, version: str) -> str:
+        return f"SGLang {version} flags"
+
+    def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
+        cfg = _server_config(config, self.name)
+        render_env_file(cfg)  # a redacted secret is refused here
+        render_argv(cfg, resolve_release(version, warn=False))  # and a flag the release lacks
+
+    def launch_script(
+        self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
+    ) -> str:
+        return render_launch_script(
+            _server_config(config, self.name),
+            run_dir=run_dir,
+            sglang_version=resolve_release(version, warn=False),
+            python=python,
+            target="sglang",
+        )
