@@ -10,7 +10,7 @@ The classes split by what the caller can do about them, and each carries the CLI
     DSV4LabError                    1  something dsv4lab refused or could not do
     ├── ConfigError                 2  a value is invalid: fix the input (a usage error)
     │   └── UnknownNameError        2  a name typed is not one dsv4lab knows (did you mean ...?)
-    ├── VersionError                2  an SGLang version cannot be read or lacks a setting
+    ├── VersionError                2  an SGLang or vLLM version cannot be read or lacks a setting
     │   └── UnsupportedFlagError    2
     ├── LogError                    2  a log cannot be read as text
     ├── HostError                   3  reaching or using a host failed
@@ -169,16 +169,17 @@ class VersionError(DSV4LabError, ValueError):
 
 
 class UnsupportedFlagError(VersionError):
-    """The chosen SGLang version has no flag for a setting the config uses.
+    """The chosen SGLang (or vLLM) release has no flag for a setting the config uses.
 
     Raised instead of silently dropping the setting: a launch that quietly ignores
     ``--cuda-graph-max-bs`` is exactly the kind of surprise that costs a five-minute restart.
     """
 
-    def __init__(self, field: str, version: str, hint: str = "") -> None:
+    def __init__(self, field: str, version: str, hint: str = "", *, engine: str = "SGLang") -> None:
         self.field = field
         self.version = version
-        text = f"SGLang {version} has no launch flag for {field}"
+        self.engine = engine
+        text = f"{engine} {version} has no launch flag for {field}"
         if hint:
             text += f"; {hint}"
         super().__init__(text)

@@ -15,15 +15,18 @@ import math
 import os
 import re
 import sys
-import types
-import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import tomli_w
 
+from dsv4lab.config import fields as _fields
+from dsv4lab.config.fields import HOST as _HOST
+from dsv4lab.config.fields import fmt as _fmt
+from dsv4lab.config.fields import help_meta as _help
+from dsv4lab.config.fields import no_control_chars as _no_control_chars
 from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError, UnknownNameError
 
@@ -64,15 +67,7 @@ KV_CACHE_DTYPES = (
     "fp4_mx_block16",
 )
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=.*)?$", re.DOTALL)
-_NEGATIVE_NUMBER = re.compile(r"^-\d")
 _QUANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_HOST = re.compile(r"^[A-Za-z0-9._:\[\]-]+$")
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 class EnvVars(Mapping[str, str]):
@@ -182,6 +177,9 @@ class SpeculativeConfig:
 @dataclass(frozen=True)
 class ServerConfig:
     """How one SGLang server is launched: the flags, the environment and the files around them."""
+
+    #: The engine this config launches: code that takes either config (``VllmConfig`` says ``"vllm"``) asks it.
+    engine: ClassVar[str] = "sglang"
 
     model_path: str = field(metadata=_help("model weights: a Hugging Face id or a path on the server host"))
     served_model_name: str | None = field(
@@ -317,11 +315,7 @@ class ServerConfig:
         if self.tp % self.nnodes != 0:
             raise ConfigError("tp", self.tp, f"a multiple of nnodes={self.nnodes} (each node runs tp/nnodes ranks)")
         self._check_heads()
-        for key, value in self.env.items():
-            if not _ENV_NAME.match(key):
-                raise ConfigError("env", key, "variable names of letters, digits and _, not starting with a digit")
-            if "\x00" in value:
-                raise ConfigError(f"env.{key}", value, "a string without NUL bytes")
+        _fields.check_env(self.env)
         for path in self.env_files:
             _no_control_chars("env_files", path)
             if not path.strip():
@@ -368,7 +362,7 @@ class ServerConfig:
         """
         data = self.to_dict()
         for key, raw in overrides.items():
-            _apply_override(data, key, raw)
+            _fields.apply_override(data, key, raw, ServerConfig, _NESTED)
         return ServerConfig.from_dict(data)
 
     def with_values(self, values: Mapping[str, Any]) -> ServerConfig:
@@ -382,24 +376,7 @@ class ServerConfig:
         value is validated like a new config, so a wrong type is a :class:`ConfigError` naming the field.
         """
         data = self.to_dict()
-        for raw_key, value in values.items():
-            key = raw_key if "." in raw_key else raw_key.replace("__", ".", 1)
-            if isinstance(value, str) or value is None:
-                _apply_override(data, key, "none" if value is None else value)
-                continue
-            head, _, tail = key.partition(".")
-            if head == "env" and tail:
-                raise ConfigError(key, value, "a string (environment values are text)")
-            if head == "speculative" and tail:
-                if tail not in _type_hints(SpeculativeConfig):
-                    raise UnknownNameError("config field", key, field_names(), field=key)
-                data["speculative"] = {**data.get("speculative", {}), tail: value}
-                continue
-            if key not in _type_hints(ServerConfig):
-                raise UnknownNameError("config field", key, field_names(), field=key, also="env.NAME")
-            if key == "speculative" and isinstance(value, SpeculativeConfig):
-                value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
-            data[key] = list(value) if isinstance(value, tuple) else value
+        _fields.apply_values(data, values, ServerConfig, _NESTED)
         return ServerConfig.from_dict(data)
 
     def to_dict(self, *, redact: bool = False) -> dict[str, Any]:
@@ -413,38 +390,12 @@ class ServerConfig:
 
             data: dict[str, Any] = redact_data(self.to_dict(), collect_secrets(self))
             return data
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                continue
-            if f.name == "speculative":
-                spec = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
-                if spec:
-                    out["speculative"] = spec
-            elif f.name == "env":
-                out["env"] = dict(value)
-            elif isinstance(value, tuple):
-                out[f.name] = list(value)
-            else:
-                out[f.name] = value
-        return out
+        return _fields.to_plain(self, _NESTED)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ServerConfig:
         """Build from plain data, rejecting unknown keys by name."""
-        if not isinstance(data, Mapping):
-            raise ConfigError("config", data, "a table/object of field names to values")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UnknownNameError("config field", unknown[0], sorted(known), field=unknown[0])
-        if "model_path" not in data:
-            raise ConfigError("model_path", None, "required: a Hugging Face id or a path on the server host")
-        kwargs = dict(data)
-        if "speculative" in kwargs and kwargs["speculative"] is not None:
-            kwargs["speculative"] = _spec_from_dict(kwargs["speculative"])
-        return cls(**kwargs)
+        return _fields.from_plain(cls, data, _NESTED, required=_REQUIRED)
 
     def to_toml(self, *, redact: bool = False) -> str:
         return tomli_w.dumps(self.to_dict(redact=redact))
@@ -482,24 +433,12 @@ class ServerConfig:
 
 def field_names() -> list[str]:
     """Every settable name, nested ones dotted (``speculative.num_steps``)."""
-    names = [f.name for f in dataclasses.fields(ServerConfig) if f.name != "speculative"]
-    names += [f"speculative.{f.name}" for f in dataclasses.fields(SpeculativeConfig)]
-    return names
+    return _fields.field_names_of(ServerConfig, _NESTED)
 
 
 def field_help(name: str) -> str:
     """The one-line help of a field (dotted for nested; ``env.X`` gets the env help)."""
-    head, _, tail = name.partition(".")
-    if head == "speculative" and tail:
-        fields = {f.name: f for f in dataclasses.fields(SpeculativeConfig)}
-        if tail in fields:
-            return str(fields[tail].metadata["help"])
-    if head == "env" and tail:
-        return f"environment variable {tail}"
-    fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
-    if head in fields:
-        return str(fields[head].metadata["help"])
-    raise UnknownNameError("config field", name, field_names())
+    return _fields.field_help_of(ServerConfig, _NESTED, name)
 
 
 # -- diff -------------------------------------------------------------------------------------------------
@@ -611,76 +550,17 @@ def load(path: str | Path) -> ServerConfig:
 # -- helpers ----------------------------------------------------------------------------------------------
 
 
+#: ServerConfig's one nested table; the shared field machinery (:mod:`dsv4lab.config.fields`) takes it.
+_NESTED: Mapping[str, type] = {"speculative": SpeculativeConfig}
+_REQUIRED = {"model_path": "required: a Hugging Face id or a path on the server host"}
+
+
 def _spec_from_dict(data: Any) -> SpeculativeConfig:
-    if isinstance(data, SpeculativeConfig):
-        return data
-    if not isinstance(data, Mapping):
-        raise ConfigError("speculative", data, "a table with algorithm, num_steps, eagle_topk, ...")
-    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise UnknownNameError("speculative field", unknown[0], sorted(known), field=f"speculative.{unknown[0]}")
-    _check_types(SpeculativeConfig(), data, prefix="speculative.")
-    return SpeculativeConfig(**data)
+    return _fields.nested_from_dict(SpeculativeConfig, data, "speculative")
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _type_hints(cls: type) -> dict[str, Any]:
-    """Resolved annotations, cached: resolving them is slow and every construction needs them."""
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
-
-
-def _describe(tp: Any) -> str:
-    names = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _check_value(name: str, value: Any, tp: Any) -> None:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            _check_value(name, value, inner[0])
-            return
-    if tp is SpeculativeConfig or origin is Mapping:
-        return  # normalised and checked in __post_init__
-    if origin is tuple:
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(name, value, f"a list of {_describe(args[0])}")
-        for item in value:
-            _check_value(name, item, args[0])
-        return
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(name, value, "true or false")
-    elif tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(name, value, "an integer")
-    elif tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(name, value, "a number")
-    elif tp is str and not isinstance(value, str):
-        raise ConfigError(name, value, "a string")
-
-
-def _check_types(obj: Any, data: Mapping[str, Any] | None = None, prefix: str = "") -> None:
-    hints = _type_hints(type(obj))
-    values = data if data is not None else {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    for name, value in values.items():
-        _check_value(prefix + name, value, hints[name])
-
-
-def _no_control_chars(name: str, value: str) -> None:
-    if any(ch in value for ch in ("\x00", "\n", "\r")):
-        raise ConfigError(name, value, "a single line without NUL, CR or LF characters")
+def _check_types(obj: Any) -> None:
+    _fields.check_types(type(obj), {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
 
 
 def _check_host_port(name: str, value: str) -> None:
@@ -690,126 +570,14 @@ def _check_host_port(name: str, value: str) -> None:
 
 
 def _validate_extra_args(args: tuple[str, ...]) -> None:
-    expect_flag = True
-    for i, token in enumerate(args):
-        if "\x00" in token:
-            raise ConfigError("extra_args", token, "strings without NUL bytes")
-        if token.startswith("-") and not _NEGATIVE_NUMBER.match(token):
-            if not _FLAG.match(token):
-                if i > 0 and _FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
-                    raise ConfigError(
-                        "extra_args",
-                        token,
-                        f"a value that starts with '-' glued to its flag ({args[i - 1]}={token}), "
-                        "or argparse would read it as a flag",
-                    )
-                raise ConfigError(
-                    "extra_args", token, "long flags like --attention-backend (lower case, digits, dashes)"
-                )
-            expect_flag = False
-        elif expect_flag and i == 0:
-            raise ConfigError("extra_args", token, "a list that starts with a --flag, each value after its flag")
-    if args:
-        from dsv4lab.config.versions import flags_owned_by_fields  # local: versions imports this module
+    _fields.check_flag_list(args, _owned_flags, example="--attention-backend")
 
-        owned = flags_owned_by_fields()
-        for token in args:
-            flag = token.split("=", 1)[0]
-            if flag in owned:
-                raise ConfigError(
-                    "extra_args",
-                    token,
-                    f"flags not covered by a field; set {owned[flag]} instead of passing {flag}",
-                )
+
+def _owned_flags() -> Mapping[str, str]:
+    from dsv4lab.config.versions import flags_owned_by_fields  # local: versions is loaded only when needed
+
+    return flags_owned_by_fields()
 
 
 def _flatten(config: ServerConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name == "speculative":
-            spec = value or SpeculativeConfig()
-            for sf in dataclasses.fields(SpeculativeConfig):
-                out[f"speculative.{sf.name}"] = getattr(spec, sf.name)
-        elif f.name == "env":
-            for k, v in value.items():
-                out[f"env.{k}"] = v
-        else:
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "(unset)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)
-
-
-def _parse_scalar(name: str, raw: str, tp: Any) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if raw.strip().lower() in ("none", "null", "unset", ""):
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _parse_scalar(name, raw, inner[0])
-    if origin is tuple:
-        parts = [p for p in re.split(r"[,\s]+", raw.strip().strip("[]")) if p]
-        return [_parse_scalar(name, p, args[0]) for p in parts]
-    if tp is bool:
-        low = raw.strip().lower()
-        if low in ("true", "yes", "on", "1"):
-            return True
-        if low in ("false", "no", "off", "0"):
-            return False
-        raise ConfigError(name, raw, "true or false")
-    if tp is int:
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigError(name, raw, "an integer") from None
-    if tp is float:
-        try:
-            return float(raw)
-        except ValueError:
-            raise ConfigError(name, raw, "a number") from None
-    return raw
-
-
-def _apply_override(data: dict[str, Any], key: str, raw: str) -> None:
-    head, _, tail = key.partition(".")
-    if head == "env" and tail:
-        env = dict(data.get("env", {}))
-        if raw.strip().lower() in ("none", "unset"):
-            env.pop(tail, None)
-        else:
-            env[tail] = raw
-        data["env"] = env
-        return
-    if head == "speculative" and tail:
-        hints = _type_hints(SpeculativeConfig)
-        if tail not in hints:
-            raise UnknownNameError("config field", key, field_names(), field=key)
-        spec = dict(data.get("speculative", {}))
-        value = _parse_scalar(key, raw, hints[tail])
-        if value is None:
-            spec.pop(tail, None)
-        else:
-            spec[tail] = value
-        if spec:
-            data["speculative"] = spec
-        else:
-            data.pop("speculative", None)
-        return
-    hints = _type_hints(ServerConfig)
-    if key not in hints or key in ("speculative", "env"):
-        raise UnknownNameError("config field", key, field_names(), field=key, also="env.NAME")
-    value = _parse_scalar(key, raw, hints[key])
-    if value is None:
-        data.pop(key, None)
-    else:
-        data[key] = value
+    return _fields.flatten(config, _NESTED)
