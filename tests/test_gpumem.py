@@ -50,8 +50,8 @@ def _twin_env(tmp: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def _stand_in(tmp: Path, **selector: int) -> SmiCommand:
-    return smi_command_for("twin", python=sys.executable, twin_env=_twin_env(tmp), **selector)
+def _stand_in(tmp: Path, *, port: int | None = None, pid: int | None = None) -> SmiCommand:
+    return smi_command_for("twin", python=sys.executable, twin_env=_twin_env(tmp), port=port, pid=pid)
 
 
 def _loops(tag: str, *, wrappers: bool = False) -> list[psutil.Process]:

@@ -37,14 +37,10 @@ def _parse_sets(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _config_from_args(args: argparse.Namespace) -> ServerConfig:
-    if args.file:
-        config = load(args.file)
-    else:
-        config = preset(args.preset or "config_a")
-    if args.set:
-        config = config.with_overrides(_parse_sets(args.set))
-    return config
+def _config_from_args(args: argparse.Namespace, engine: Engine | None = None) -> Any:
+    """The config of ``--preset`` / ``--file`` and ``--set``, of the engine's own type (SGLang's by default)."""
+    engine = engine or get_engine("sglang")
+    return engine.build_config(file=args.file, preset=args.preset, overrides=_parse_sets(args.set) if args.set else {})
 
 
 def _config_ref(ref: str) -> ServerConfig:
@@ -168,7 +164,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
     engine = _engine_from_args(args)
     args.twin = engine.rehearsal
-    config = _config_from_args(args)
+    config = _config_from_args(args, engine)
     _check_twin_options(args)
     host = _host_from_args(args)
     twin_env = {"DSV4LAB_TWIN_HARDWARE": args.hardware} if args.twin else None

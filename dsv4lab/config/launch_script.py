@@ -15,6 +15,7 @@ from typing import Literal
 from dsv4lab.config.fields import refuse_placeholder as _refuse_placeholder
 from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.config.versions import SGLangRelease, fallback_note, resolve_release
+from dsv4lab.config.vllm_config import VllmConfig
 from dsv4lab.errors import ConfigError, UnsupportedFlagError
 from dsv4lab.resources import __version__
 from dsv4lab.rundir import RunLayout
@@ -110,7 +111,7 @@ def server_command(
     raise ConfigError("target", target, "'sglang' or 'twin'")
 
 
-def render_env_file(config: ServerConfig) -> str:
+def render_env_file(config: ServerConfig | VllmConfig) -> str:
     """A shell file of ``export NAME=value`` lines (like the story's ``dsv4_nccl_env.sh``).
 
     The one file of a run dir that keeps secret values (``HF_TOKEN``): the server needs them. ``launch``

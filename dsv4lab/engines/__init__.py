@@ -5,6 +5,7 @@ from __future__ import annotations
 from dsv4lab.engines.base import Engine, SessionSettings, SmiSpec
 from dsv4lab.engines.sglang import SGLangEngine
 from dsv4lab.engines.twin import TwinEngine, twin_interval_ms
+from dsv4lab.engines.vllm import VllmEngine
 from dsv4lab.errors import UnknownNameError
 
 __all__ = [
@@ -15,12 +16,13 @@ __all__ = [
     "SessionSettings",
     "SmiSpec",
     "TwinEngine",
+    "VllmEngine",
     "get_engine",
     "twin_interval_ms",
 ]
 
 #: Every engine by the name ``target=`` and ``--engine`` take.
-ENGINES: dict[str, Engine] = {e.name: e for e in (TwinEngine(), SGLangEngine())}
+ENGINES: dict[str, Engine] = {e.name: e for e in (TwinEngine(), SGLangEngine(), VllmEngine())}
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
 
 

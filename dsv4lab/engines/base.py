@@ -71,6 +71,15 @@ class Engine(ABC):
     ) -> str:
         """The bash launch script (see :func:`dsv4lab.config.launch_script.render_script`)."""
 
+    @abstractmethod
+    def load_config(self, data: Mapping[str, Any]) -> Any:
+        """The config a ``handle.json`` or ``config.toml`` recorded (its ``to_dict`` form)."""
+
+    @abstractmethod
+    def build_config(self, *, file: str | None, preset: str | None, overrides: Mapping[str, str]) -> Any:
+        """The config a command line describes: a preset or a ``.toml``/``.json`` file, then ``--set``
+        overrides (text values parsed as each field's type)."""
+
     def default_python(self, local: bool) -> str:
         """The server host's interpreter when the user names none."""
         return "python3"
@@ -90,10 +99,16 @@ class Engine(ABC):
         return REAL
 
     def smi(
-        self, python: str, port: int | None, settings: Mapping[str, str] | None, *, pid: int | None = None
+        self,
+        python: str,
+        port: int | None,
+        settings: Mapping[str, str] | None,
+        *,
+        pid: int | None = None,
+        run_dir: str | None = None,
     ) -> SmiSpec:
-        """How to sample this server's GPU memory (``port`` or ``pid`` picks one of several servers where the
-        sampler cannot tell them apart otherwise)."""
+        """How to sample this server's GPU memory (``port``, ``pid`` or ``run_dir`` picks one of several
+        servers where the sampler cannot tell them apart otherwise)."""
         return SmiSpec()
 
     def sample_interval_ms(self, settings: Mapping[str, str] | None) -> int:

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script
-from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.config.presets import preset as preset_config
+from dsv4lab.config.server_config import ServerConfig, load
 from dsv4lab.config.versions import RELEASES, resolve_release
 from dsv4lab.engines.base import Engine
 from dsv4lab.errors import ConfigError
@@ -34,6 +35,13 @@ class SGLangEngine(Engine):
 
     def release_words(self, version: str) -> str:
         return f"SGLang {version} flags"
+
+    def load_config(self, data: Mapping[str, Any]) -> ServerConfig:
+        return ServerConfig.from_dict(data)
+
+    def build_config(self, *, file: str | None, preset: str | None, overrides: Mapping[str, str]) -> ServerConfig:
+        config = load(file) if file else preset_config(preset or "config_a")
+        return config.with_overrides(overrides) if overrides else config
 
     def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
         cfg = _server_config(config, self.name)

@@ -92,7 +92,13 @@ class TwinEngine(SGLangEngine):
         return Clock.from_twin_env({"DSV4LAB_TWIN_TIME_SCALE": "1", **dict(settings or {})})
 
     def smi(
-        self, python: str, port: int | None, settings: Mapping[str, str] | None, *, pid: int | None = None
+        self,
+        python: str,
+        port: int | None,
+        settings: Mapping[str, str] | None,
+        *,
+        pid: int | None = None,
+        run_dir: str | None = None,
     ) -> SmiSpec:
         env = {k: v for k, v in (settings or {}).items() if k in _SMI_ENV_KEYS}
         if port is not None:

@@ -301,7 +301,7 @@ class Lab:
             chosen = port if port is not None else pick_port(self.host, self.base_port, avoid=skipped)
             sampler, error = None, None
             if samples_dir is not None:
-                sampler, error = self._sampler(chosen, twin_env, python, samples_dir)
+                sampler, error = self._sampler(chosen, twin_env, python, samples_dir, run_dir)
             try:
                 handle = launch(
                     self.host,
@@ -323,13 +323,15 @@ class Lab:
         raise StaleServerError(self.host.name, skipped[-1], holder=f"other servers: ports {skipped} are all taken")
 
     def _sampler(
-        self, port: int, twin_env: dict[str, str] | None, python: str | None, samples_dir: Path
+        self, port: int, twin_env: dict[str, str] | None, python: str | None, samples_dir: Path, run_dir: str
     ) -> tuple[Any, Exception | None]:
         """A started GPU sampler for the server about to run on ``port`` (the twin's stand-in picks it by
         port), or the reason it could not start — shown by ``gpu_memory()`` and as a warning now."""
         from dsv4lab.serving.gpumem import GpuSampler, smi_command_for
 
-        command = smi_command_for(self.engine, python=python or "python3", port=port, twin_env=twin_env)
+        command = smi_command_for(
+            self.engine, python=python or "python3", port=port, twin_env=twin_env, run_dir=run_dir
+        )
         interval = self.engine.sample_interval_ms(twin_env)
         sampler = GpuSampler(
             self.host, interval_ms=interval, csv_path=samples_dir / "gpu_memory.csv", smi_command=command

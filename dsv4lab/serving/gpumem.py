@@ -88,6 +88,7 @@ def smi_command_for(
     port: int | None = None,
     pid: int | None = None,
     twin_env: Mapping[str, str] | None = None,
+    run_dir: str | None = None,
 ) -> SmiCommand:
     """The engine's GPU-memory command: nvidia-smi on a real host, or the twin's stand-in run by ``python``
     (which must have dsv4lab).
@@ -95,7 +96,7 @@ def smi_command_for(
     For the twin, ``port`` (its HTTP port) or ``pid`` (its main PID) picks which twin to report when several
     run on the machine; ``twin_env`` is the launch's twin environment (its state dir and hardware profile).
     """
-    spec = get_engine(target).smi(python, port, twin_env, pid=pid)
+    spec = get_engine(target).smi(python, port, twin_env, pid=pid, run_dir=run_dir)
     return SmiCommand(spec.executable, dict(spec.env))
 
 
@@ -424,7 +425,8 @@ def sampler_for(
     extra = getattr(handle, "extra", {}) or {}
     settings = dict(extra.get("twin_env") or {})
     engine = get_engine(getattr(handle, "target", "sglang"))
-    command = smi_command_for(engine, python=str(extra.get("python") or "python3"), port=handle.port, twin_env=settings)
+    python = str(extra.get("python") or "python3")
+    command = smi_command_for(engine, python=python, port=handle.port, twin_env=settings, run_dir=handle.run_dir)
     if interval_ms is None:
         interval_ms = engine.sample_interval_ms(settings)
     if csv_path is None and isinstance(handle.host, LocalHost):

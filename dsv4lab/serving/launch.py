@@ -441,7 +441,7 @@ def check_host(
         "dsv4lab-check",
         python,
         module,
-        config.kernel_config_dir or "",
+        getattr(config, "kernel_config_dir", None) or "",
         *config.env_files,
     ]
     out = host.run(argv, timeout_s=timeout_s).check().stdout.strip().splitlines()
@@ -646,8 +646,8 @@ def attach(host: Host, run_dir: str) -> ServerHandle:
     data = _read_handle(host, run_dir)
     if data is None:
         raise LaunchError(f"no dsv4lab launch in {run_dir} on {host.name} ({HANDLE_FILE} missing or unreadable)")
-    config = ServerConfig.from_dict(data["config"])
     target = str(data.get("target") or "sglang")
+    config = get_engine(target).load_config(data["config"])
     extra = {k: v for k, v in data.items() if k in ("twin_env", "python")}
     return ServerHandle(
         host,

@@ -1,0 +1,137 @@
+"""vLLM: ``python -m vllm.entrypoints.cli.main serve MODEL ...`` with the flags of one release.
+
+The launch goes through the same script as SGLang's (:func:`~dsv4lab.config.launch_script.render_script`):
+the API server runs in the script's process group, and so do the EngineCore and worker processes it
+spawns. That matters: a SIGKILLed API server leaves them alive, re-parented to PID 1 and holding their
+memory, so a stop or a crash cleans up the group, never one PID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dsv4lab.config.launch_script import render_env_file, render_script
+from dsv4lab.config.vllm_config import VllmConfig
+from dsv4lab.config.vllm_launch import render_vllm_argv, render_vllm_env, vllm_server_command
+from dsv4lab.config.vllm_releases import VLLM_RELEASES, resolve_vllm_release
+from dsv4lab.engines.base import Engine, SmiSpec
+from dsv4lab.errors import ConfigError
+
+__all__ = ["HOST_MEMORY_SAMPLER", "VllmEngine"]
+
+#: The GPU-memory sampler's stand-in on a host without ``nvidia-smi`` (vLLM's CPU build): the same CSV
+#: columns, where "GPU 0" is the host's memory and "used" is what the run dir's server process group holds
+#: (resident memory of the API server, EngineCore and workers), so the memory timeline shows the KV space
+#: the engine took against the host's memory. Only dsv4lab's own text goes into it; the run dir and the
+#: interval come as arguments. With ``nvidia-smi`` present it is ``nvidia-smi`` itself.
+HOST_MEMORY_SAMPLER = r"""
+run_dir=$1; shift
+if command -v nvidia-smi >/dev/null 2>&1; then exec nvidia-smi "$@"; fi
+interval=500
+while [ $# -gt 0 ]; do
+  case "$1" in -lms) interval=$2; shift 2 ;; *) shift ;; esac
+done
+sleep_s=$(awk -v ms="$interval" 'BEGIN { printf "%.3f", ms / 1000 }')
+while :; do
+  total=$(awk '/^MemTotal:/ { printf "%d", $2 / 1024 }' /proc/meminfo)
+  used=0
+  if [ -r "$run_dir/launcher.pid" ]; then
+    pgid=$(cat -- "$run_dir/launcher.pid" 2>/dev/null)
+    case "$pgid" in
+      ''|*[!0-9]*) ;;
+      *) used=$(ps -o rss= -g "$pgid" 2>/dev/null | awk '{ s += $1 } END { printf "%d", s / 1024 }') ;;
+    esac
+  fi
+  printf '%s, 0, %s, %s, 0\n' "$(date '+%Y/%m/%d %H:%M:%S.%3N')" "${used:-0}" "${total:-0}" || exit 0
+  sleep "$sleep_s"
+done
+"""
+
+
+def _load(path: str) -> VllmConfig:
+    """A VllmConfig from a ``.toml`` or ``.json`` file (its ``to_toml`` / ``to_json`` form)."""
+    p = Path(path)
+    if p.suffix not in (".toml", ".json"):
+        raise ConfigError("--file", path, "a file name ending in .toml or .json")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--file", path, "a readable UTF-8 .toml or .json file", detail=str(exc)) from exc
+    return VllmConfig.from_toml(text) if p.suffix == ".toml" else VllmConfig.from_json(text)
+
+
+def _vllm_config(config: Any) -> VllmConfig:
+    if not isinstance(config, VllmConfig):
+        raise ConfigError(
+            "config",
+            type(config).__name__,
+            "a VllmConfig (vllm serve's flags) for the vllm engine; SGLang's ServerConfig is for sglang and twin",
+        )
+    return config
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+    description = "a real vLLM server"
+    module = "vllm"
+    bench_backend = "vllm"
+
+    def resolve_version(self, version: str | None) -> str:
+        return resolve_vllm_release(version).version
+
+    def known_versions(self) -> Sequence[str]:
+        return tuple(r.version for r in VLLM_RELEASES)
+
+    def release_words(self, version: str) -> str:
+        return f"vLLM {version} flags"
+
+    def load_config(self, data: Mapping[str, Any]) -> VllmConfig:
+        return VllmConfig.from_dict(data)
+
+    def build_config(self, *, file: str | None, preset: str | None, overrides: Mapping[str, str]) -> VllmConfig:
+        if preset is not None:
+            raise ConfigError(
+                "--preset", preset, "no preset for vLLM: --set model_path=DIR (and more --set), or --file CONFIG"
+            )
+        if file:
+            config = _load(file)
+            return config.with_overrides(overrides) if overrides else config
+        rest = dict(overrides)
+        model = rest.pop("model_path", None)
+        if not model:
+            raise ConfigError(
+                "model_path", None, "--set model_path=DIR (a model folder or Hugging Face id on the server host)"
+            )
+        config = VllmConfig(model_path=model)
+        return config.with_overrides(rest) if rest else config
+
+    def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
+        cfg = _vllm_config(config)
+        render_vllm_env(cfg)  # a redacted secret is refused here
+        render_vllm_argv(cfg, version)  # and a flag or value the release lacks
+
+    def launch_script(
+        self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
+    ) -> str:
+        cfg = _vllm_config(config)
+        render_env_file(cfg)
+        return render_script(
+            run_dir=run_dir,
+            words=[*vllm_server_command(version, python=python), *render_vllm_argv(cfg, version)],
+            what=f"vLLM {resolve_vllm_release(version).version} (target: vllm)",
+        )
+
+    def smi(
+        self,
+        python: str,
+        port: int | None,
+        settings: Mapping[str, str] | None,
+        *,
+        pid: int | None = None,
+        run_dir: str | None = None,
+    ) -> SmiSpec:
+        if not run_dir:
+            return SmiSpec()
+        return SmiSpec(("bash", "-c", HOST_MEMORY_SAMPLER, "dsv4lab-hostmem", run_dir))
