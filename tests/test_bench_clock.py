@@ -25,7 +25,9 @@ SETUP_DELAY_S = 0.08
 
 
 class SlowRelay:
-    """Relays TCP to ``upstream``; each new connection waits ``delay_s`` before it is relayed."""
+    """Relays TCP to ``upstream``; each new connection waits ``delay_s`` before it is relayed.
+    ``connections`` counts those that carried a generation request (the run's side requests, such as
+    ``/v1/models`` or ``/tokenize``, open their own)."""
 
     def __init__(self, upstream_port: int, delay_s: float) -> None:
         self.upstream_port = upstream_port
@@ -43,19 +45,23 @@ class SlowRelay:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         await asyncio.sleep(self.delay_s)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        first = True
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, client: bool = False) -> None:
+            nonlocal first
             with contextlib.suppress(ConnectionError, OSError):
                 while data := await src.read(65536):
+                    if client and first:
+                        first = False
+                        self.connections += data.startswith((b"POST /v1/", b"POST /generate "))
                     dst.write(data)
                     await dst.drain()
             with contextlib.suppress(Exception):
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, client=True), pipe(up_reader, writer))
 
     async def stop(self) -> None:
         if self.server is not None:

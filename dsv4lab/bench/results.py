@@ -123,6 +123,8 @@ class Provenance:
     api: str
     engine: str = "unknown"
     engine_version: str | None = None
+    #: Which of the server's endpoints named the engine (``GET /server_info``, ``GET /version``, ...).
+    engine_from: str | None = None
     host: str | None = None
     gpu_names: tuple[str, ...] = ()
     client: str = field(default_factory=client_version)

@@ -34,20 +34,23 @@ from dsv4lab.bench.httpstream import ConnectionPool, Endpoint
 from dsv4lab.bench.metrics import SLO, RequestRecord, summarize
 from dsv4lab.bench.results import BenchResult, BenchRuns, Provenance, ServerContext, records_frame
 from dsv4lab.bench.serverinfo import (
-    discover_model,
-    engine_of,
+    first_model_id,
     flush_cache,
     gpu_names,
+    identify_engine,
+    list_models,
     server_info,
     start_profile,
     stop_profile_later,
     stop_profile_quietly,
 )
 from dsv4lab.bench.store import ResultStore
+from dsv4lab.bench.tokens import fit_workload
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
 from dsv4lab.blocking import run_blocking, stoppable
 from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
+from dsv4lab.hosts import LocalHost
 from dsv4lab.progress import Progress, State
 from dsv4lab.units import fmt_tok_s
 
@@ -254,7 +257,10 @@ async def run_async(
     own_progress = not isinstance(progress, Progress)
     reporter = progress if isinstance(progress, Progress) else Progress(f"bench {desc}", enabled=progress)
     server = server or ServerContext()
-    provenance, info, model = await _describe(endpoint, workload, load, options, server, headers, info_timeout_s)
+    reporter.update(f"{desc} asking the server", fraction=0.0)
+    provenance, info, model, workload = await _describe(
+        endpoint, workload, load, options, server, headers, info_timeout_s
+    )
     pool = ConnectionPool(endpoint, connect_timeout_s=options.connect_timeout_s)
     state = _Run(endpoint, options, pool)
     specs = list(workload.requests)
@@ -297,18 +303,31 @@ async def _describe(
     server: ServerContext,
     headers: Mapping[str, str],
     timeout_s: float,
-) -> tuple[Provenance, Mapping[str, Any], str | None]:
-    """The result's provenance, with the server's info and the model name the requests carry; what the
-    caller did not give is asked of the server (``/server_info``, ``/v1/models``) and its host (the GPUs)."""
+) -> tuple[Provenance, Mapping[str, Any], str | None, Workload]:
+    """The result's provenance, with the server's info, the model name the requests carry and the workload
+    as it will be sent (random prompts remade under the server's tokenizer: :mod:`.tokens`); what the
+    caller did not give is asked of the server (``/server_info``, ``/v1/models``, ``/version``) and its
+    host (the GPUs)."""
     base, host, config = endpoint.url, server.host, server.config
     info = server.info if server.info is not None else await server_info(base, timeout_s=timeout_s, headers=headers)
+    models = await list_models(base, timeout_s=timeout_s, headers=headers)
     model = options.model
     if model is None and options.api != "generate":
-        model = await discover_model(base, timeout_s=timeout_s, headers=headers)
+        model = first_model_id(models)
     gpus = server.gpus
     if gpus is None:
         gpus = await asyncio.to_thread(gpu_names, host) if host is not None else ()
-    engine, version = engine_of(dict(info))
+    engine, version, engine_from = await identify_engine(base, info, models, timeout_s=timeout_s, headers=headers)
+    workload = await fit_workload(
+        base,
+        workload,
+        api=options.api,
+        model=model if model is not None else first_model_id(models),
+        headers=headers,
+        host=host if host is not None else (LocalHost() if _is_loopback(endpoint.host) else None),
+        model_folders=_model_folders(models, info, config),
+        engine=engine,
+    )
     config_dict = config.to_dict() if config is not None else None
     provenance = Provenance(
         url=base,
@@ -316,6 +335,7 @@ async def _describe(
         api=options.api,
         engine=engine,
         engine_version=version,
+        engine_from=engine_from,
         host=host.name if host is not None else endpoint.host,
         gpu_names=tuple(gpus),
         workload=workload.to_dict(),
@@ -324,7 +344,20 @@ async def _describe(
         config=to_jsonable(config_dict) if config_dict is not None else None,
         server_info=to_jsonable(dict(info)),
     )
-    return provenance, info, model
+    return provenance, info, model, workload
+
+
+def _is_loopback(host: str) -> bool:
+    """A server on this machine (its model folder, if it names one, is readable here)."""
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
+def _model_folders(models: Sequence[Mapping[str, Any]], info: Mapping[str, Any], config: Any) -> list[str]:
+    """Where the model's files may be: ``/v1/models``' ``root`` (vLLM), SGLang's ``model_path`` and
+    ``tokenizer_path``, the launch config's ``model_path``."""
+    found = [models[0].get("root")] if models else []
+    found += [info.get("tokenizer_path"), info.get("model_path"), getattr(config, "model_path", None)]
+    return [str(f) for f in found if isinstance(f, str) and f]
 
 
 @dataclasses.dataclass

