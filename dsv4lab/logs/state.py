@@ -249,9 +249,7 @@ class RunState:
         if ev.bs is not None:
             self.max_bs_seen = max(ev.bs, self.max_bs_seen or 0)
         st = self.rank(ev.rank)
-        draft = st.capture_role == "draft" or (
-            self.phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE and st.capture_role is None
-        )
+        draft = st.capture_role == "draft" or (self.phase is Phase.DRAFT_CUDA_GRAPH_CAPTURE and st.capture_role is None)
         if ev.avail_gib is not None:
             st.capture_avail = ev.avail_gib
         if ev.label.startswith("registering"):
