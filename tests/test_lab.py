@@ -15,6 +15,7 @@ import pytest
 
 from dsv4lab import ConfigError, Lab, StaleServerError, Verdict
 from dsv4lab.config.presets import KERNEL_CONFIG_DIR
+from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.errors import BenchError, HostSetupError
 from dsv4lab.serving.launch import launch
 from tests.sshd import SSHD
@@ -193,6 +194,7 @@ def test_compare_a_against_a_with_a_change_in_its_natural_forms(lab: Lab) -> Non
     assert len(runs.a) == len(runs.b) == 1 and not runs.partial
     assert {r.label for r in runs.a} == {"config_a"} and {r.label for r in runs.b} == {"config_a+cuda_graph_max_bs=8"}
     a, b = lab.servers
+    assert isinstance(a.config, ServerConfig) and isinstance(b.config, ServerConfig)
     assert a.config.cuda_graph_max_bs is None and b.config.cuda_graph_max_bs == 8
     assert a.config.replace(cuda_graph_max_bs=8, port=b.port) == b.config  # the change, and nothing else
     assert (a.name, b.name) == ("config-a", "config-a-cuda-graph-max-bs-8")

@@ -22,7 +22,7 @@ import pandas as pd
 
 from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
-from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.config import AnyConfig
 from dsv4lab.counts import plural
 from dsv4lab.hosts import Host
 from dsv4lab.resources import __version__
@@ -109,7 +109,7 @@ class ServerContext:
     launched with (for the result's provenance), and its ``/server_info`` and GPU names (to skip asking)."""
 
     host: Host | None = None
-    config: ServerConfig | None = None
+    config: AnyConfig | None = None
     info: Mapping[str, Any] | None = None
     gpus: Sequence[str] | None = None
 

@@ -22,10 +22,15 @@ from dsv4lab.config.server_config import (
     load,
     save,
 )
+from dsv4lab.config.vllm_config import VllmConfig
+
+#: A config of any engine: SGLang's flags (the twin and SGLang) or vLLM's.
+AnyConfig = ServerConfig | VllmConfig
 
 __all__ = [
     "KV_CACHE_DTYPES",
     "SPECULATIVE_ALGORITHMS",
+    "AnyConfig",
     "ConfigChange",
     "ConfigDiff",
     "EnvVars",

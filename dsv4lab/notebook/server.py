@@ -32,7 +32,7 @@ from dsv4lab.hosts import KillReport, PortForward
 from dsv4lab.logs import Diagnosis
 from dsv4lab.secrets import collect_secrets, redact_text
 from dsv4lab.serving.gpumem import read_samples_csv
-from dsv4lab.serving.launch import ServerHandle
+from dsv4lab.serving.launch import AnyConfig, ServerHandle
 from dsv4lab.serving.profiling import KernelBreakdown, profile_server
 from dsv4lab.serving.watch import VERDICT_STATE, Readiness, Verdict, wait_ready
 from dsv4lab.tables import Table, table
@@ -88,7 +88,7 @@ class Server:
     # -- identity ---------------------------------------------------------------------------------------
 
     @property
-    def config(self) -> ServerConfig:
+    def config(self) -> AnyConfig:
         return self.handle.config
 
     @property
@@ -338,7 +338,8 @@ class Server:
         from dsv4lab import plots
         from dsv4lab.model.memory import preflight
 
-        p = preflight(self.config, self.hardware, sglang_version=self.handle.sglang_version)
+        cfg = self.config
+        p = preflight(cfg, self.hardware, sglang_version=self.handle.version) if isinstance(cfg, ServerConfig) else None
         return plots.memory_timeline(
             self.gpu_memory(), log=str(self.fetch()), preflight=p, config=self.name, title=title
         )

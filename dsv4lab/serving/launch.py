@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from dsv4lab.config import AnyConfig
 from dsv4lab.config.launch_script import render_env_file
 from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.counts import plural
@@ -25,6 +26,7 @@ from dsv4lab.rundir import RunLayout
 from dsv4lab.units import Clock
 
 __all__ = [
+    "AnyConfig",
     "LaunchError",
     "ServerHandle",
     "StaleServerError",
@@ -134,7 +136,7 @@ class ServerHandle:
     """A launched server: where it runs, what it is, and the files that tell its fate."""
 
     host: Host
-    config: ServerConfig
+    config: AnyConfig
     run_dir: str
     launcher_pid: int
     started_at: float
@@ -215,6 +217,19 @@ class ServerHandle:
                 tuple(sorted({*report.killed, *extra.killed})),
             )
         return report
+
+    def reap(self, *, grace_s: float = 5.0) -> KillReport | None:
+        """End what a dead server left running in its launch's process group; ``None`` when the launcher is
+        still running (the server is not dead) or nothing was left.
+
+        A server's helpers can outlive it: vLLM's EngineCore and workers stay up, re-parented to PID 1 and
+        holding their memory, when the API server is SIGKILLed. The launch script leads the group they are
+        all in, so the group outlives its leader and its members are found by its id.
+        """
+        if self.host.is_alive(self.launcher_pid):
+            return None
+        report = self.host.kill_tree(self.launcher_pid, grace_s=grace_s)
+        return report if report.terminated or report.killed else None
 
     def to_dict(self) -> dict[str, Any]:
         """The handle as ``handle.json`` records it: secrets redacted (``env.sh`` alone keeps them)."""
@@ -425,7 +440,7 @@ echo OK
 
 
 def check_host(
-    host: Host, config: ServerConfig, *, target: str = "sglang", python: str = "python3", timeout_s: float = 30.0
+    host: Host, config: AnyConfig, *, target: str = "sglang", python: str = "python3", timeout_s: float = 30.0
 ) -> None:
     """Raise :class:`~dsv4lab.errors.HostSetupError` naming what the launch would miss on ``host``.
 
@@ -442,7 +457,7 @@ def check_host(
         python,
         module,
         getattr(config, "kernel_config_dir", None) or "",
-        *config.env_files,
+        *getattr(config, "env_files", ()),
     ]
     out = host.run(argv, timeout_s=timeout_s).check().stdout.strip().splitlines()
     verdict = out[-1] if out else "?"
@@ -467,7 +482,8 @@ def check_host(
     if word in ("NOKDIR", "EMPTYKDIR"):
         what = "does not exist" if word == "NOKDIR" else "holds no tuned N=*.json kernel configs"
         raise HostSetupError(
-            f"on {host.name}: kernel_config_dir {config.kernel_config_dir!r} {what}; without it SGLang runs the "
+            f"on {host.name}: kernel_config_dir {getattr(config, 'kernel_config_dir', None)!r} {what}; without it "
+            "SGLang runs the "
             "untuned FP8 kernels. Copy the tuned JSONs there, or unset kernel_config_dir to run untuned on purpose"
         )
     raise HostSetupError(f"on {host.name}: the pre-launch check printed {verdict!r}")
@@ -475,7 +491,7 @@ def check_host(
 
 def launch(
     host: Host,
-    config: ServerConfig,
+    config: AnyConfig,
     run_dir: str,
     *,
     target: str = "sglang",
@@ -522,7 +538,7 @@ def launch(
         claim = ["bash", "-c", _ports_script(_CLAIM_PORT), "dsv4lab-port", str(config.port), run_dir, str(pid)]
         _retry(lambda: host.run(claim, timeout_s=timeout_s))
         extra = {"twin_env": dict(twin_env or {}), "python": python}
-        handle = ServerHandle(host, config, run_dir, pid, started, engine.name, version, config.node_rank, extra)
+        handle = ServerHandle(host, config, run_dir, pid, started, engine.name, version, _node_rank(config), extra)
         record = json.dumps(handle.to_dict(), indent=2)
         _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record, mode=0o600))
     except BaseException:
@@ -533,6 +549,10 @@ def launch(
             release_port(host, config.port, run_dir)
         raise
     return handle
+
+
+def _node_rank(config: AnyConfig) -> int:
+    return config.node_rank if isinstance(config, ServerConfig) else 0
 
 
 def _claim_run_dir(host: Host, run_dir: str, replace_stale: bool, timeout_s: float) -> None:
@@ -570,7 +590,7 @@ def _free_port(host: Host, port: int, replace_stale: bool, timeout_s: float) -> 
             host.kill_tree(pid, grace_s=10.0)
 
 
-def _upload_config(host: Host, layout: RunLayout, config: ServerConfig, timeout_s: float) -> None:
+def _upload_config(host: Host, layout: RunLayout, config: AnyConfig, timeout_s: float) -> None:
     # An old stop marker would make the new server's death a "stop"; an old launcher.pid would be taken
     # for this launch's if the connection dropped while starting it.
     old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]

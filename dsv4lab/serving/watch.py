@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from dsv4lab.errors import HostConnectionError, Interrupted
+from dsv4lab.errors import DSV4LabError, HostConnectionError, Interrupted
 from dsv4lab.hosts import Follower, KillReport, PortForward
 from dsv4lab.logs import Diagnosis, LineKind, Outcome, classify_line, diagnose
 from dsv4lab.progress import Progress, State
@@ -642,7 +642,11 @@ class _Watch:
                 None,
                 status,
             )
-        return self.finish(Verdict.CRASHED, why + ".", seen.fatal_at or now, status)
+        verdict = self.finish(Verdict.CRASHED, why + ".", seen.fatal_at or now, status)
+        # After the verdict (its detection time is taken): the dead server's helpers must not live on.
+        with contextlib.suppress(DSV4LabError):
+            h.reap()
+        return verdict
 
 
 def wait_ready_all(
