@@ -13,7 +13,7 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from dsv4lab.errors import ConfigError, UnknownNameError
@@ -35,6 +35,7 @@ __all__ = [
     "nested_from_dict",
     "no_control_chars",
     "parse_scalar",
+    "refuse_placeholder",
     "to_plain",
     "type_hints",
 ]
@@ -164,6 +165,21 @@ def check_flag_list(args: tuple[str, ...], owned: Callable[[], Mapping[str, str]
                     token,
                     f"flags not covered by a field; set {table[flag]} instead of passing {flag}",
                 )
+
+
+def refuse_placeholder(field: str, values: Sequence[str]) -> None:
+    """A config read back from a redacted file (``config.toml``, ``handle.json``) holds the placeholder where
+    a secret was: sending that to the server as a token would fail later and more confusingly."""
+    from dsv4lab.secrets import REDACTED
+
+    for value in values:
+        if REDACTED in value:
+            raise ConfigError(
+                field,
+                value,
+                f"the real value, not the {REDACTED} placeholder of a redacted file: set it again "
+                "(--set env.HF_TOKEN=...) or source it from one of env_files on the host",
+            )
 
 
 def fmt(value: Any) -> str:

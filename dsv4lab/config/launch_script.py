@@ -12,6 +12,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+from dsv4lab.config.fields import refuse_placeholder as _refuse_placeholder
 from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.config.versions import SGLangRelease, fallback_note, resolve_release
 from dsv4lab.errors import ConfigError, UnsupportedFlagError
@@ -93,21 +94,6 @@ def render_argv(config: ServerConfig, sglang_version: str | SGLangRelease | None
     _refuse_placeholder("extra_args", config.extra_args)
     argv.extend(config.extra_args)
     return argv
-
-
-def _refuse_placeholder(field: str, values: Sequence[str]) -> None:
-    """A config read back from a redacted file (``config.toml``, ``handle.json``) holds the placeholder where
-    a secret was: sending that to the server as a token would fail later and more confusingly."""
-    from dsv4lab.secrets import REDACTED
-
-    for value in values:
-        if REDACTED in value:
-            raise ConfigError(
-                field,
-                value,
-                f"the real value, not the {REDACTED} placeholder of a redacted file: set it again "
-                "(--set env.HF_TOKEN=...) or source it from one of env_files on the host",
-            )
 
 
 def server_command(
