@@ -58,6 +58,8 @@ _EXPORTS: dict[str, str] = {
     "SpeculativeConfig": "dsv4lab.config.server_config",
     "StaleServerError": "dsv4lab.errors",
     "Verdict": "dsv4lab.serving.watch",
+    "VllmConfig": "dsv4lab.config.vllm_config",
+    "VllmSpeculativeConfig": "dsv4lab.config.vllm_config",
     "attach": "dsv4lab.serving.launch",
     "compare": "dsv4lab.bench",
     "config_a": "dsv4lab.config.presets",
@@ -106,6 +108,8 @@ __all__ = [
     "SpeculativeConfig",
     "StaleServerError",
     "Verdict",
+    "VllmConfig",
+    "VllmSpeculativeConfig",
     "__version__",
     "attach",
     "compare",
@@ -142,6 +146,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from dsv4lab.config.hardware import HardwareProfile, hardware_profile
     from dsv4lab.config.presets import config_a, config_b, config_b_fixed, preset
     from dsv4lab.config.server_config import ServerConfig, SpeculativeConfig
+    from dsv4lab.config.vllm_config import VllmConfig, VllmSpeculativeConfig
     from dsv4lab.errors import (
         BenchError,
         CommandError,

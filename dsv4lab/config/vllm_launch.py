@@ -70,7 +70,7 @@ def _add_flag(argv: list[str], release: VllmRelease, name: str, value: Any) -> N
         return  # vLLM's default in every supported release; keeps rendered lines short and diffable
     flag = release.flag_for(name)
     if flag is None:
-        raise _unsupported(release, name, _accepts_hint(release))
+        raise _unsupported(release, name, _accepts_hint(release, name))
     _check_choice(release, name, value)
     if value is True:
         argv.append(flag)
@@ -92,7 +92,15 @@ def _check_choice(release: VllmRelease, name: str, value: Any) -> None:
         raise _unsupported(release, name, f"it accepts {shown}, not {value}")
 
 
-def _accepts_hint(release: VllmRelease) -> str:
+#: Why an older release lacks a field, where that says more than the list of what it takes.
+_WHY_MISSING = {
+    "kv_cache_memory_bytes": "it is new in vLLM 0.10.2; size the KV cache with gpu_memory_utilization instead",
+}
+
+
+def _accepts_hint(release: VllmRelease, name: str = "") -> str:
+    if name in _WHY_MISSING:
+        return _WHY_MISSING[name]
     return "its vllm serve takes these fields: " + ", ".join(
         sorted({*release.flags, *release.compilation_keys, "model_path", "env", "extra_args"})
     )
