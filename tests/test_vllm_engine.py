@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +67,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture()
-def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
     state = tmp_path / "state"
     state.mkdir()
-    yield {**os.environ, "DSV4LAB_STATE_DIR": str(state)}
+    return {**os.environ, "DSV4LAB_STATE_DIR": str(state)}
 
 
 def _launch_args(model: Path, run_dir: Path, port: int, *extra: str) -> list[str]:
@@ -122,6 +121,7 @@ def test_launch_watch_bench_kill_and_stop_a_real_vllm(model: Path, env: dict[str
         assert proc.poll() is None, "the benchmark ended before the kill"
         os.kill(api, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
+        assert out, err
         partial = _first_run(json.loads(out))
         assert partial["partial"] and partial["completed"] < 400, partial
         assert "CRASHED" in json.dumps(partial["diagnosis"]) or "CRASHED" in (partial.get("abort_reason") or "")

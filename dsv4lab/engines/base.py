@@ -80,6 +80,12 @@ class Engine(ABC):
         """The config a command line describes: a preset or a ``.toml``/``.json`` file, then ``--set``
         overrides (text values parsed as each field's type)."""
 
+    @abstractmethod
+    def resolve_config(self, config: Any, overrides: Mapping[str, Any], *, arg: str = "config") -> Any:
+        """A preset name, a ``.toml``/``.json`` path or a config of this engine's type, with field
+        overrides (values or their text): checked, nothing written. ``arg`` is the argument a bad value is
+        reported under."""
+
     def default_python(self, local: bool) -> str:
         """The server host's interpreter when the user names none."""
         return "python3"

@@ -6,11 +6,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script
+from dsv4lab.config.presets import PRESETS
 from dsv4lab.config.presets import preset as preset_config
 from dsv4lab.config.server_config import ServerConfig, load
 from dsv4lab.config.versions import RELEASES, resolve_release
 from dsv4lab.engines.base import Engine
-from dsv4lab.errors import ConfigError
+from dsv4lab.errors import ConfigError, UnknownNameError
 
 __all__ = ["SGLangEngine"]
 
@@ -42,6 +43,22 @@ class SGLangEngine(Engine):
     def build_config(self, *, file: str | None, preset: str | None, overrides: Mapping[str, str]) -> ServerConfig:
         config = load(file) if file else preset_config(preset or "config_a")
         return config.with_overrides(overrides) if overrides else config
+
+    def resolve_config(self, config: Any, overrides: Mapping[str, Any], *, arg: str = "config") -> ServerConfig:
+        if isinstance(config, str):
+            if config in PRESETS:
+                cfg = preset_config(config)
+            elif config.endswith((".toml", ".json")):
+                cfg = load(config)
+            else:
+                raise UnknownNameError(
+                    "preset", config, PRESETS, field=arg, also="a .toml/.json file, or a ServerConfig"
+                )
+        elif isinstance(config, ServerConfig):
+            cfg = config
+        else:
+            raise ConfigError(arg, config, "a preset name, a .toml/.json file, or a ServerConfig")
+        return cfg.with_values(overrides) if overrides else cfg
 
     def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
         cfg = _server_config(config, self.name)

@@ -107,6 +107,20 @@ class VllmEngine(Engine):
         config = VllmConfig(model_path=model)
         return config.with_overrides(rest) if rest else config
 
+    def resolve_config(self, config: Any, overrides: Mapping[str, Any], *, arg: str = "config") -> VllmConfig:
+        if isinstance(config, str) and config.endswith((".toml", ".json")):
+            cfg = _load(config)
+        elif isinstance(config, VllmConfig):
+            cfg = config
+        else:
+            raise ConfigError(
+                arg,
+                config,
+                "a VllmConfig (e.g. VllmConfig(model_path=...)) or a .toml/.json file of one; SGLang's presets "
+                "and ServerConfig are for target='sglang' or 'twin'",
+            )
+        return cfg.with_values(overrides) if overrides else cfg
+
     def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
         cfg = _vllm_config(config)
         render_vllm_env(cfg)  # a redacted secret is refused here

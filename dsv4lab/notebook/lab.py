@@ -27,18 +27,19 @@ import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.atomicfile import write_json_atomic
+from dsv4lab.config import AnyConfig, VllmConfig
 from dsv4lab.config.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.config.presets import KERNEL_CONFIG_DIR, PRESETS, preset
 from dsv4lab.config.server_config import ServerConfig, diff
 from dsv4lab.config.versions import resolve_release
 from dsv4lab.counts import plural
 from dsv4lab.engines import ENGINE_NAMES, Engine, SessionSettings, get_engine
-from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError, UnknownNameError
+from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, LocalHost, open_host
 from dsv4lab.logs import Diagnosis
 from dsv4lab.model.memory import Preflight, Suggestion, preflight, suggest
@@ -156,7 +157,11 @@ class Lab:
     def model(self) -> ModelProfile:
         return model_profile(preset("config_a").model_path)
 
-    def config(self, config: ServerConfig | str = "config_a", **overrides: Any) -> ServerConfig:
+    @overload
+    def config(self, config: VllmConfig, **overrides: Any) -> VllmConfig: ...
+    @overload
+    def config(self, config: ServerConfig | str = "config_a", **overrides: Any) -> ServerConfig: ...
+    def config(self, config: AnyConfig | str = "config_a", **overrides: Any) -> AnyConfig:
         """A preset name (``config_a``, ``config_b``, ``config_b_fixed``), a ``.toml``/``.json`` path or a
         config, with field overrides (``mem_fraction_static=0.6``, ``speculative__num_steps=2``,
         ``env__NCCL_PROTO="LL"``; text values are parsed as the field's type).
@@ -164,7 +169,10 @@ class Lab:
         The presets' tuned-kernel folder is mapped to this session's: the twin's stand-in autotune
         output, or ``kernel_config_dir`` when given.
         """
-        cfg = _resolve(config, overrides)  # every value checked before the session writes anything
+        # Every value is checked before anything is written; a vLLM lab takes a VllmConfig or a file of one.
+        cfg: AnyConfig = self.engine.resolve_config(config, overrides)
+        if not isinstance(cfg, ServerConfig):
+            return cfg
         if cfg.kernel_config_dir == KERNEL_CONFIG_DIR and "kernel_config_dir" not in overrides:
             cfg = cfg.replace(kernel_config_dir=self._kernel_dir())
         return cfg
@@ -192,15 +200,23 @@ class Lab:
 
     def preflight(self, config: ServerConfig | str = "config_a", **overrides: Any) -> Preflight:
         """Predict whether the config fits this host's GPUs, where it would fail and by how much."""
-        cfg = self.config(config, **overrides)
-        return preflight(cfg, self.hardware, sglang_version=self.sglang_version)
+        return preflight(self._sglang_config(config, overrides), self.hardware, sglang_version=self.sglang_version)
 
     def suggest(
         self, config: ServerConfig | str = "config_a", *, concurrency: int | None = None, **overrides: Any
     ) -> list[Suggestion]:
         """Changes the memory model predicts would fit, each with its margin (best first)."""
-        cfg = self.config(config, **overrides)
+        cfg = self._sglang_config(config, overrides)
         return suggest(cfg, self.hardware, sglang_version=self.sglang_version, concurrency=concurrency)
+
+    def _sglang_config(self, config: ServerConfig | str, overrides: Mapping[str, Any]) -> ServerConfig:
+        """A config the SGLang memory model reads (a vLLM config is refused, naming the engine)."""
+        cfg = self.config(config, **overrides)
+        if not isinstance(cfg, ServerConfig):
+            raise ConfigError(
+                "config", cfg.name, f"an SGLang config: the {self.target} engine's memory model reads only SGLang's"
+            )
+        return cfg
 
     # -- servers ----------------------------------------------------------------------------------------
 
@@ -286,7 +302,7 @@ class Lab:
         return server
 
     def _start(
-        self, cfg: ServerConfig, run_dir: str, port: int | None, fault: str | None, samples_dir: Path | None
+        self, cfg: AnyConfig, run_dir: str, port: int | None, fault: str | None, samples_dir: Path | None
     ) -> tuple[ServerHandle, Any, Exception | None]:
         """Pick a port, start GPU sampling for it, launch; retry on the next port if another launch won it.
 
@@ -589,23 +605,9 @@ class Lab:
 
 
 def _resolve(config: ServerConfig | str, overrides: Mapping[str, Any], *, arg: str = "config") -> ServerConfig:
-    """A preset name, a ``.toml``/``.json`` path or a config, with overrides: checked, nothing written.
-
-    ``arg`` is the argument an unknown name is reported under (``b`` for a comparison's second config)."""
-    if isinstance(config, str):
-        if config in PRESETS:
-            cfg = preset(config)
-        elif config.endswith((".toml", ".json")):
-            from dsv4lab.config.server_config import load
-
-            cfg = load(config)
-        else:
-            raise UnknownNameError("preset", config, PRESETS, field=arg, also="a .toml/.json file, or a ServerConfig")
-    elif isinstance(config, ServerConfig):
-        cfg = config
-    else:
-        raise ConfigError(arg, config, "a preset name, a .toml/.json file, or a ServerConfig")
-    return cfg.with_values(overrides) if overrides else cfg
+    """An SGLang config (a comparison's arms): see :meth:`~dsv4lab.engines.Engine.resolve_config`."""
+    cfg: ServerConfig = get_engine("sglang").resolve_config(config, overrides, arg=arg)
+    return cfg
 
 
 #: Longest arm name a comparison accepts (it labels tables and charts, and names the server's folder).
