@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from dsv4lab.logs import Diagnosis, diagnose
 from dsv4lab.units import REAL, Clock
 
 __all__ = ["Engine", "SessionSettings", "SmiSpec"]
@@ -85,6 +86,11 @@ class Engine(ABC):
         """A preset name, a ``.toml``/``.json`` path or a config of this engine's type, with field
         overrides (values or their text): checked, nothing written. ``arg`` is the argument a bad value is
         reported under."""
+
+    def diagnose(self, log: Any, *, hardware: Any = None, version: str | None = None) -> Diagnosis:
+        """What the server's log says went wrong (the log reading alone; an engine with a memory model adds
+        its arithmetic)."""
+        return diagnose(log)
 
     def default_python(self, local: bool) -> str:
         """The server host's interpreter when the user names none."""

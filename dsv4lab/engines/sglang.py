@@ -12,6 +12,7 @@ from dsv4lab.config.server_config import ServerConfig, load
 from dsv4lab.config.versions import RELEASES, resolve_release
 from dsv4lab.engines.base import Engine
 from dsv4lab.errors import ConfigError, UnknownNameError
+from dsv4lab.logs import Diagnosis
 
 __all__ = ["SGLangEngine"]
 
@@ -59,6 +60,12 @@ class SGLangEngine(Engine):
         else:
             raise ConfigError(arg, config, "a preset name, a .toml/.json file, or a ServerConfig")
         return cfg.with_values(overrides) if overrides else cfg
+
+    def diagnose(self, log: Any, *, hardware: Any = None, version: str | None = None) -> Diagnosis:
+        """The log reading plus the SGLang memory model's arithmetic for the OOMs it can model."""
+        from dsv4lab.model.diagnosis import diagnose_with_model
+
+        return diagnose_with_model(log, hardware=hardware, sglang_version=version)
 
     def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
         cfg = _server_config(config, self.name)

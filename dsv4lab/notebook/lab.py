@@ -36,9 +36,8 @@ from dsv4lab.config import AnyConfig, VllmConfig
 from dsv4lab.config.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.config.presets import KERNEL_CONFIG_DIR, PRESETS, preset
 from dsv4lab.config.server_config import ServerConfig, diff
-from dsv4lab.config.versions import resolve_release
 from dsv4lab.counts import plural
-from dsv4lab.engines import ENGINE_NAMES, Engine, SessionSettings, get_engine
+from dsv4lab.engines import ENGINE_NAMES, Engine, SessionSettings, SGLangEngine, get_engine
 from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, LocalHost, open_host
 from dsv4lab.logs import Diagnosis
@@ -69,6 +68,7 @@ class Lab:
         target: str = "twin",
         hardware: str = "rtx-pro-6000-x8",
         sglang_version: str | None = None,
+        version: str | None = None,
         time_scale: float = 0.05,
         python: str | None = None,
         run_root: str | Path = "runs",
@@ -87,6 +87,8 @@ class Lab:
             target: ``"twin"`` (the SGLang twin, no GPU needed) or ``"sglang"`` (real SGLang).
             hardware: hardware profile of the host (the twin emulates it; preflight and diagnosis use it).
             sglang_version: SGLang release whose flags to render (default: the newest dsv4lab knows).
+            version: the engine's release whose flags to render, for any engine (vLLM's: ``"0.32.0"``);
+                for SGLang and the twin the same as ``sglang_version``.
             time_scale: twin only: durations are this times the modelled hardware's (1 = real time).
             python: the server host's interpreter (a venv or conda env) for SGLang, the twin, bench_serving.
             run_root: local folder for results; each server gets ``run_root/<name>``.
@@ -107,7 +109,10 @@ class Lab:
         self.engine: Engine = engine
         self.target: str = engine.name
         self.hardware: HardwareProfile = hardware_profile(hardware)
-        self.sglang_version = resolve_release(sglang_version).version
+        if version is not None and sglang_version is not None and version != sglang_version:
+            raise ConfigError("version", version, f"one release: version= or sglang_version= ({sglang_version})")
+        #: The engine release whose flags this session renders.
+        self.version = engine.resolve_version(version if version is not None else sglang_version)
         self.time_scale = float(time_scale) if engine.rehearsal else 1.0
         self.python = python
         self.kernel_config_dir = kernel_config_dir
@@ -138,6 +143,17 @@ class Lab:
         self._progress = bool(value)
         for server in self.servers:
             server.progress = self._progress
+
+    @property
+    def sglang_version(self) -> str:
+        """The SGLang release whose flags the session renders (``version``; SGLang's engines only)."""
+        if not isinstance(self.engine, SGLangEngine):
+            raise ConfigError(
+                "sglang_version",
+                self.target,
+                f"an SGLang or twin session; this one renders {self.engine.release_words(self.version)}",
+            )
+        return self.version
 
     @property
     def is_local(self) -> bool:
@@ -324,7 +340,7 @@ class Lab:
                     cfg.replace(port=chosen),
                     run_dir,
                     target=self.target,
-                    sglang_version=self.sglang_version,
+                    sglang_version=self.version,
                     python=python,
                     twin_env=twin_env,
                 )
@@ -386,14 +402,13 @@ class Lab:
 
     def diagnose(self, log: str | Path | Server) -> Diagnosis:
         """The model-checked diagnosis of a server's log (a Server, a run dir, or a log file)."""
-        from dsv4lab.model.diagnosis import diagnose_with_model
 
         if isinstance(log, Server):
             return log.diagnose()
         path = Path(log)
         if path.is_dir():
             path = path / "server.log"
-        return diagnose_with_model(str(path), hardware=self.hardware, sglang_version=self.sglang_version)
+        return self.engine.diagnose(str(path), hardware=self.hardware, version=self.version)
 
     def ab(
         self,
@@ -597,7 +612,7 @@ class Lab:
             ("host", self.host.name),
             ("target", self.target + (f" (time scale {self.time_scale:g})" if self.engine.rehearsal else "")),
             ("hardware", f"{self.hardware.name}: {self.hardware.count} x {self.hardware.gpu.name}"),
-            ("SGLang flags", self.sglang_version),
+            ("flags", self.engine.release_words(self.version)),
             ("results", str(self.run_root)),
         ]
         rows = [{"name": s.name, "state": s.state, "port": s.port, "run dir": s.run_dir} for s in self.servers]

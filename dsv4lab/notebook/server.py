@@ -305,10 +305,9 @@ class Server:
 
     def diagnose(self) -> Diagnosis:
         """The model-checked diagnosis of the whole log (the same card ``readiness`` carries on a crash)."""
-        from dsv4lab.model.diagnosis import diagnose_with_model
 
         log = self.fetch()
-        return diagnose_with_model(str(log), hardware=self.hardware, sglang_version=self.handle.sglang_version)
+        return self.handle.engine.diagnose(str(log), hardware=self.hardware, version=self.handle.version)
 
     def gpu_memory(self) -> pd.DataFrame:
         """GPU memory samples taken while this server ran: ``time`` (the host's clock, tz-aware), ``t`` (s),

@@ -423,11 +423,9 @@ class _Watch:
         return [*self.head, "[... lines skipped ...]", *self.lines]
 
     def diagnose(self) -> Diagnosis:
-        from dsv4lab.model.diagnosis import diagnose_with_model
-
         lines = self.all_lines()
         try:
-            return diagnose_with_model(lines, hardware=self.hardware, sglang_version=self.handle.sglang_version)
+            return self.handle.engine.diagnose(lines, hardware=self.hardware, version=self.handle.version)
         except Exception:  # the model is a bonus; the log reading alone must still come back
             return diagnose(lines)
 
