@@ -47,6 +47,11 @@ class DeathWatch:
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._check(exc))
 
+    def server_gone(self, reason: str) -> None:
+        """The caller knows the server is dead (its process ended): the run ends now."""
+        if self.dead_reason is None:
+            self._dead(reason)
+
     async def _check(self, cause: BaseException) -> None:
         """Ask the HTTP server for ``/v1/models``: any answer means alive. A refused connect, a reset or EOF
         means dead — a bare connect is not enough, because a process being killed can still complete a

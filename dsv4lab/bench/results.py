@@ -14,7 +14,7 @@ import datetime as _dt
 import math
 import platform
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,9 @@ class ServerContext:
     config: AnyConfig | None = None
     info: Mapping[str, Any] | None = None
     gpus: Sequence[str] | None = None
+    #: Whether the server's process still runs (a launched server's ``is_alive``): polled during a run, so a
+    #: dead server ends it even where its connections do not fail (a tunnel, a socket a child inherited).
+    alive: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)

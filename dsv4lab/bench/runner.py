@@ -201,6 +201,25 @@ def _warmup_specs(workload: Workload, count: int) -> list[RequestSpec]:
     return [reqs[i % len(reqs)] for i in range(count)]
 
 
+#: How often (s) a run asks whether the server's process still runs, when the caller can tell.
+PROCESS_POLL_S = 1.0
+
+
+async def _watch_process(state: _Run, alive: Callable[[], bool]) -> None:
+    """End the run when the server's process is gone: its connections alone do not always say so (through
+    an SSH tunnel, or when a child process inherited the listening socket, a dead server's port can accept
+    and never answer). A failed check decides nothing: the host may be slow to answer."""
+    while not state.abort.is_set():
+        await asyncio.sleep(PROCESS_POLL_S)
+        try:
+            running = await asyncio.to_thread(alive)
+        except Exception:  # noqa: S112 - a host that cannot answer now says nothing about the server
+            continue
+        if not running:
+            state.watch.server_gone("the server's process is no longer running")
+            return
+
+
 async def _diagnose(on_server_death: Callable[[], object] | None, timeout_s: float) -> object:
     if on_server_death is None:
         return None
@@ -266,7 +285,13 @@ async def run_async(
     specs = list(workload.requests)
     payloads = _payloads(endpoint, specs, options, model)
     steps = _Steps(state, workload, load, model, headers, reporter, desc)  # the run's clock starts here
-    records = await steps.measure(specs, payloads, profile, profile_output_dir, own_progress=own_progress)
+    watchdog = asyncio.create_task(_watch_process(state, server.alive)) if server.alive is not None else None
+    try:
+        records = await steps.measure(specs, payloads, profile, profile_output_dir, own_progress=own_progress)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
     duration = _duration(records, state, steps.origin)
     profile_answer = await steps.stop_profiler()
     dead = state.abort.is_set() and not state.interrupted

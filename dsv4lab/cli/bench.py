@@ -190,7 +190,11 @@ def _bench(args: argparse.Namespace) -> int:
             label=args.label,
             progress=not args.no_progress and fmt == "table",
             on_server_death=target.on_death if target.handle is not None else None,
-            server=ServerContext(host=target.host, config=target.handle.config if target.handle is not None else None),
+            server=ServerContext(
+                host=target.host,
+                config=target.handle.config if target.handle is not None else None,
+                alive=target.handle.is_alive if target.handle is not None else None,
+            ),
             store=args.results_dir,
             profile=args.profile,
             profile_output_dir=args.profile_output_dir,

@@ -226,7 +226,7 @@ class Server:
                 label=label or self.name,
                 progress=self.progress,
                 on_server_death=self._death_note,
-                server=bench.ServerContext(host=self.handle.host, config=self.config),
+                server=bench.ServerContext(host=self.handle.host, config=self.config, alive=self.handle.is_alive),
                 store=store,
             )
         except Interrupted as exc:

@@ -1,0 +1,138 @@
+"""``Lab(target="vllm")`` in a real Jupyter kernel, over the loopback sshd, against a REAL vLLM.
+
+One server for the module (start-up costs ~40-90 s here): the kernel's ``Lab`` reaches this machine as an
+SSH alias (``host="gpubox"``, keys and known_hosts of its own), launches ``vllm serve`` there, watches it
+to READY, benchmarks it through the SSH tunnel, and is stopped in the middle of a benchmark with the
+kernel's Stop: control comes back within the bound, the finished requests are kept, the server runs on.
+Then the API server is SIGKILLed mid-benchmark: a partial result, a CRASHED verdict, nothing of the
+server's process group alive. ``lab.close()`` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import require
+from tests.kernel import Kernel
+from tests.sshd import SSHD
+from tests.test_kernel_interrupt import BACK_WITHIN_S
+from tests.vllmserver import VENV, make_tiny_model, vllm_available
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+ALIAS = "gpubox"
+#: Start-up is ~40 s on two idle cores with --enforce-eager, several times that beside a busy suite.
+READY_TIMEOUT_S = 420
+
+SETUP = """
+import sys, os, signal
+from dsv4lab import Lab
+from dsv4lab.config import VllmConfig
+lab = Lab({alias!r}, target="vllm", python={python!r}, run_root={root!r}, remote_root={remote!r},
+          progress=False)
+cfg = VllmConfig(model_path={model!r}, max_model_len=1024, dtype="float32", enforce_eager=True,
+                 env={{"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}})
+"""
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                out.append(p)
+    return out
+
+
+def _roles(pgid: int) -> set[str]:
+    """What the group's processes call themselves (``/proc/PID/comm``: vLLM names its engine and workers;
+    the kernel keeps 15 characters of a name, so ``VLLM::EngineCore`` reads ``VLLM::EngineCor``)."""
+    return {p.name()[:15] for p in _group(pgid)}
+
+
+#: vLLM's own processes besides the API server: what outlives a SIGKILLed API server.
+HELPERS = {"VLLM::EngineCor", "VLLM::Worker"}
+
+
+def _gone(pgid: int, within_s: float = 15.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + within_s
+    left = _group(pgid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _group(pgid)
+    return left
+
+
+@pytest.fixture(scope="module")
+def kernel(sshd: SSHD, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    require(vllm_available(), f"the vLLM CPU venv at {VENV} (make vllm-cpu)")
+    tmp = tmp_path_factory.mktemp("vllm-lab")
+    model, _vocab = make_tiny_model(tmp / "model")
+    home = tmp / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host {ALIAS}\n  HostName {sshd.host}\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.key_path}\n  IdentitiesOnly yes\n  UserKnownHostsFile {sshd.known_hosts}\n"
+    )
+    (home / ".ssh" / "known_hosts").write_text(sshd.host_key_line + "\n")
+    state = tmp / "state"
+    state.mkdir()
+    env = {"HOME": str(home), "PYTHONPATH": str(ROOT), "DSV4LAB_STATE_DIR": str(state), "SSH_AUTH_SOCK": ""}
+    k = Kernel(tmp, env=env)
+    setup = SETUP.format(
+        alias=ALIAS,
+        python=str(VENV / "bin" / "python"),
+        root=str(tmp / "runs"),
+        remote=str(tmp / "remote"),
+        model=str(model),
+    )
+    try:
+        k.run(setup, timeout_s=60)
+        yield k
+    finally:
+        try:
+            k.run("lab.close()", timeout_s=120)
+        finally:
+            k.shutdown(now=True)
+
+
+@pytest.mark.timeout(READY_TIMEOUT_S + 300)
+def test_a_vllm_lab_over_ssh_launches_benches_and_stops_in_a_kernel(kernel: Kernel) -> None:
+    kernel.run(f"s = lab.launch(cfg, name='tiny').wait(timeout_s={READY_TIMEOUT_S})", timeout_s=READY_TIMEOUT_S + 60)
+    assert kernel.value("s.state") == "'READY'", kernel.value("s.readiness.reason")
+    assert kernel.value("s.url != f'http://127.0.0.1:{s.port}'") == "True"  # through the SSH tunnel
+    pgid = int(kernel.value("s.handle.launcher_pid"))
+    assert _roles(pgid) >= HELPERS, _roles(pgid)
+
+    # Stop during a benchmark: control back within the bound, the cut run kept with what finished.
+    cell = kernel.submit("runs = s.bench(concurrency=[4], prompts=400, input_len=64, output_len=64)")
+    time.sleep(8.0)
+    pressed = kernel.interrupt()
+    result = kernel.collect(cell, timeout_s=60)
+    assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
+    assert result.replied_at - pressed < BACK_WITHIN_S
+    assert kernel.value("s.runs[-1].partial and s.runs[-1].interrupted") == "True"
+    assert int(kernel.value("s.runs[-1].summary.completed")) >= 1
+    assert kernel.value("s.runs[-1].provenance.engine") == "'vllm'"
+    assert kernel.value("s.is_alive()") == "True"  # a Stopped bench leaves the server it did not start
+
+    # SIGKILL of the API server in the middle of a benchmark: partial, CRASHED, no helper left alive.
+    api = int(kernel.value("s.handle.server_pid()"))  # asked before the cell: a busy kernel answers after it
+    cell = kernel.submit("runs2 = s.bench(concurrency=[4], prompts=400, input_len=64, output_len=64)")
+    time.sleep(8.0)
+    os.kill(api, 9)
+    killed = time.monotonic()
+    done = kernel.collect(cell, timeout_s=120)
+    print(f"the benchmark came back {done.replied_at - killed:.1f} s after the kill")
+    assert done.status == "ok", (done.ename, done.evalue)
+    assert kernel.value("runs2.partial") == "True"
+    assert kernel.value("s.readiness.verdict.value") == "'CRASHED'", kernel.value("s.readiness.reason")
+    assert not _gone(pgid), "vLLM's EngineCore / worker outlived the killed API server"
