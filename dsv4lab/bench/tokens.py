@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from dsv4lab.bench.client import http_error
 from dsv4lab.bench.workload import ID_HIGH, ID_LOW, RequestSpec, Workload
 from dsv4lab.hosts import Host
 
@@ -77,10 +78,10 @@ class ServerTokenizer:
             body = {"model": self.model, **body}
         try:
             async with self._sem, self.session.post(self.base + path, json=body, headers=self.headers) as resp:
-                text = await resp.text()
+                body_bytes = await resp.read()
                 if resp.status != 200:
-                    raise TokenizerUnavailable(f"POST {path}: HTTP {resp.status} {text[:200].strip()}")
-                return json.loads(text)
+                    raise TokenizerUnavailable(f"POST {path}: {http_error(resp.status, body_bytes[:2000])[:300]}")
+                return json.loads(body_bytes)
         except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, OSError, ValueError) as exc:
             raise TokenizerUnavailable(f"POST {path}: {type(exc).__name__}: {exc}") from None
 
@@ -261,7 +262,7 @@ async def _learn(
         plain = await tok.tokenize(_PROBE_TEXT, special=False)
         specials |= _bos_ids(plain, await tok.tokenize(_PROBE_TEXT, special=True))
         vocab = await _vocab_from_server(tok)
-        vocab_from = "POST /detokenize (search for the vocabulary's edge)" if vocab is not None else None
+        vocab_from = "POST /detokenize" if vocab is not None else None
     except TokenizerUnavailable as exc:
         tokenizer_error = str(exc)
         vocab, vocab_from = None, None

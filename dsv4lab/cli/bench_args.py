@@ -131,7 +131,8 @@ def _load_options(p: argparse.ArgumentParser) -> None:
 
 def _request_options(p: argparse.ArgumentParser) -> None:
     rq = p.add_argument_group("requests")
-    rq.add_argument("--api", choices=("generate", "completions", "chat"), help="endpoint (default generate)")
+    apis = ("generate", "completions", "chat")
+    rq.add_argument("--api", choices=apis, help="endpoint (default: completions on vLLM, else generate)")
     rq.add_argument("--backend", choices=sorted(API_OF_BACKEND), help="bench_serving's name for --api")
     rq.add_argument("--model", help="model name for OpenAI APIs (default: first id of /v1/models)")
     rq.add_argument("--disable-stream", action="store_true", help="one response body per request (TTFT = E2E)")
