@@ -203,3 +203,17 @@ def test_fitting_settles_even_when_truncation_splits_a_character() -> None:
     for seed in range(20):
         text, count = asyncio.run(tokens._fit_text(Stubborn(), 30, random.Random(seed), pick))  # type: ignore[arg-type]
         assert abs(count - 30) <= 2 and text
+
+
+def test_failures_that_differ_only_in_numbers_are_one_reason() -> None:
+    import pandas as pd
+
+    from dsv4lab.bench.results import failure_text
+
+    errors = [f"HTTP 400 (in the stream): Token id {19000 + i} is out of vocabulary" for i in range(5)]
+    errors += ["HTTP 500: boom", "HTTP 503: busy 1", "HTTP 503: busy 2"]
+    frame = pd.DataFrame({"status": ["failed"] * 8 + ["ok"], "error": [*errors, ""]})
+    assert failure_text(frame, 9) == (
+        "5 of 9 requests: e.g. HTTP 400 (in the stream): Token id 19000 is out of vocabulary; "
+        "2 of 9 requests: e.g. HTTP 503: busy 1; 1 other reason"
+    )

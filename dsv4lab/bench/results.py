@@ -13,6 +13,7 @@ import dataclasses
 import datetime as _dt
 import math
 import platform
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -455,20 +456,30 @@ class BenchResult:
 _REASONS = 2
 
 
+def _reason_key(error: str) -> str:
+    """Errors that differ only in their numbers are one reason (``Token id 19837 is out of vocabulary``
+    and ``Token id 19694 ...``); the HTTP status stays apart."""
+    head = re.match(r"HTTP \d{3}(?: \(in the stream\))?: ", error)
+    cut = head.end() if head else 0
+    return error[:cut] + re.sub(r"\d+", "#", error[cut:])
+
+
 def failure_text(frame: pd.DataFrame, total: int) -> str:
     """The errors of the requests in ``frame`` that did not complete, grouped: ``"N of M requests: reason"``
-    for the most common ones (a run cut short adds ``run aborted (...)`` to each, which is kept)."""
+    for the most common ones, ``e.g.`` before the first of a group whose numbers vary (a run cut short adds
+    ``run aborted (...)`` to each, which is kept)."""
     if "error" not in frame or not len(frame):
         return "no error recorded"
     failed = frame[frame["status"] != "ok"] if "status" in frame else frame
     errors = [str(e)[:300] for e in failed["error"] if isinstance(e, str) and e]
     if not errors:
         return "no error recorded"
-    counts: dict[str, int] = {}
+    groups: dict[str, list[str]] = {}
     for e in errors:
-        counts[e] = counts.get(e, 0) + 1
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
-    parts = [f"{n} of {plural(total, 'request')}: {e}" for e, n in ranked[:_REASONS]]
+        groups.setdefault(_reason_key(e), []).append(e)
+    ranked = sorted(groups.values(), key=lambda g: -len(g))
+    parts = [f"{len(g)} of {plural(total, 'request')}: {'' if len(set(g)) == 1 else 'e.g. '}{g[0]}" for g in ranked]
+    parts = parts[:_REASONS]
     if len(ranked) > _REASONS:
         parts.append(f"{plural(len(ranked) - _REASONS, 'other reason')}")
     return "; ".join(parts)

@@ -264,6 +264,8 @@ async def _learn(
         vocab = await _vocab_from_server(tok)
         vocab_from = "POST /detokenize" if vocab is not None else None
     except TokenizerUnavailable as exc:
+        if not token_ids:  # text prompts need the server's tokenizer; ids only the vocabulary's size
+            raise
         tokenizer_error = str(exc)
         vocab, vocab_from = None, None
     model = await asyncio.to_thread(files)
@@ -278,8 +280,6 @@ async def _learn(
     )
     if tokenizer_error is not None:
         facts["tokenizer"] = f"unavailable: {tokenizer_error}"
-        if not token_ids:
-            raise TokenizerUnavailable(tokenizer_error)
     else:
         facts["tokenizer"] = "the server's (POST /tokenize, /detokenize)"
         facts["added_by_server"] = added
