@@ -542,12 +542,10 @@ def _result_html(r: BenchResult) -> str:
     note = hv.p(clock.note()) if clock.is_twin else ""
     state: hv.State = "fail" if r.partial or r.outcome == "failed" else "warn" if r.outcome == "errors" else "ok"
     status = "PARTIAL" if r.partial else fmt_tok_s(s.output_throughput) if s.completed else "✗ FAILED"
-    return hv.card(
-        f"benchmark {r.label}".strip(),
-        head + warn + hv.kv_table(tput) + hv.table(rows, digits=1) + note,
-        state=state,
-        status=status,
-    )
+    figures = hv.kv_table(tput) + hv.table(rows, digits=1)
+    if s.completed == 0:  # zeros and blanks are no measurement: the requests and why they failed say it all
+        figures = hv.kv_table(tput[:2])
+    return hv.card(f"benchmark {r.label}".strip(), head + warn + figures + note, state=state, status=status)
 
 
 class BenchRuns(Sequence[BenchResult]):

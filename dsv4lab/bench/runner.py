@@ -247,7 +247,9 @@ async def run_async(
     :class:`~dsv4lab.progress.Progress` to report into (a sweep shares one). Cancelling the task (the
     user's Stop) returns the partial result instead of raising. ``profile`` runs the server's torch
     profiler over the measured requests (not the warmup), traces in ``profile_output_dir`` on the server
-    host; the server's answer to ``/stop_profile`` is kept in ``BenchResult.profile``.
+    host; the server's answer to ``/stop_profile`` is kept in ``BenchResult.profile``. Random prompts are
+    first remade under the server's tokenizer where it has one (:func:`~dsv4lab.bench.tokens.fit_workload`),
+    so the provenance's workload is the one sent.
     """
     load = load or LoadSpec()
     options = options or ClientOptions()

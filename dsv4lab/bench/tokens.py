@@ -97,7 +97,7 @@ class ServerTokenizer:
 
     async def detokenize(self, ids: Sequence[int]) -> str:
         data = await self._post("/detokenize", {"tokens": list(ids)})
-        text = data.get("prompt") if isinstance(data, dict) else None
+        text = data.get("prompt", data.get("text")) if isinstance(data, dict) else None  # vLLM's key, or "text"
         if not isinstance(text, str):
             raise TokenizerUnavailable("POST /detokenize: no 'prompt' in the answer")
         return text
