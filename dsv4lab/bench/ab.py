@@ -180,10 +180,16 @@ def _planned(concurrencies: Sequence[int] | int | str, repeats: int, interleave:
 
 
 def _finish(reporter: Progress, runs: ABRuns) -> None:
+    made = plural(len(runs.a) + len(runs.b), "run")
+    failed = [(label, r) for label, arm in ((runs.label_a, runs.a), (runs.label_b, runs.b)) for r in arm]
+    failed = [(label, r) for label, r in failed if r.outcome == "failed"]
     if runs.partial:
-        reporter.finish(f"stopped early after {plural(len(runs.a) + len(runs.b), 'run')}", "fail")
+        reporter.finish(f"stopped early after {made}", "fail")
+    elif failed:  # a run that completed nothing has no figures to compare: the A/B did not measure
+        label, first = failed[0]
+        reporter.finish(f"FAILED: {len(failed)} of {made} completed no request ({label}: {first.failure})", "fail")
     else:
-        reporter.finish(f"done: {plural(len(runs.a) + len(runs.b), 'run')}", "ok")
+        reporter.finish(f"done: {made}", "ok")
 
 
 def _ab_title(call: inspect.BoundArguments) -> str:

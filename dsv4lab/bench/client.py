@@ -180,7 +180,36 @@ def _error_text(obj: Any) -> str:
     err = obj.get("error") if isinstance(obj, dict) else None
     if isinstance(err, dict):
         return str(err.get("message") or err)
+    if err is None and isinstance(obj, dict) and isinstance(obj.get("message"), str):
+        return str(obj["message"])  # SGLang's {"object": "error", "message": ...}
     return str(err if err is not None else obj)
+
+
+def _error_code(obj: Any) -> int | None:
+    """The HTTP status an error object names (vLLM streams a refused request as HTTP 200 and then an
+    error event whose ``code`` is the status it would have answered with)."""
+    err = obj.get("error") if isinstance(obj, dict) else None
+    code = err.get("code") if isinstance(err, dict) else obj.get("code") if isinstance(obj, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code < 600:
+        return code
+    return None
+
+
+def http_error(status: int, body: bytes) -> str:
+    """``HTTP 404: The model `x` does not exist.``: the status and the message of an error body (OpenAI's
+    ``{"error": {"message"}}``, FastAPI's ``{"detail"}``, SGLang's ``{"message"}``), else the body's text."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        detail = obj.get("detail")
+        if obj.get("error") is not None or isinstance(obj.get("message"), str):
+            text = _error_text(obj)
+        elif isinstance(detail, str):
+            text = detail
+    return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
 class _Collector:
@@ -195,6 +224,7 @@ class _Collector:
         "ended",
         "err_body",
         "error",
+        "error_code",
         "gen_text_len",
         "gen_tokens",
         "is_sse",
@@ -217,6 +247,7 @@ class _Collector:
         self.done = False
         self.ended = False
         self.error = ""
+        self.error_code: int | None = None
         self.text_parts: list[str] | None = [] if record_text else None
         self.gen_tokens = 0
         self.gen_text_len = 0
@@ -258,7 +289,9 @@ class _Collector:
         if not isinstance(obj, dict):
             return
         if obj.get("error") is not None or obj.get("object") == "error":
-            self.error = _error_text(obj)
+            self.error_code = _error_code(obj)
+            message = _error_text(obj)
+            self.error = f"HTTP {self.error_code} (in the stream): {message}" if self.error_code else message
             return
         if self.api == "generate":
             self._generate(obj, t)
@@ -320,7 +353,7 @@ def _record(
         status, error = ("incomplete" if times else "failed"), failure
     elif c.status >= 300:
         status = "failed"
-        error = f"HTTP {c.status}: {bytes(c.err_body[:_ERROR_BODY_BYTES]).decode('utf-8', 'replace').strip()}"
+        error = http_error(c.status, bytes(c.err_body[:_ERROR_BODY_BYTES]))
     elif c.error:
         status, error = "failed", c.error
     elif not c.done:
@@ -344,7 +377,7 @@ def _record(
         prompt_tokens_from_server=prompt_from_server,
         output_tokens_from_server=out_from_server,
         error=error,
-        http_status=c.status or None,
+        http_status=(c.error_code if c.error and c.error_code else c.status) or None,
         text="".join(c.text_parts) if c.text_parts is not None else None,
     )
 

@@ -13,6 +13,7 @@ import dataclasses
 import datetime as _dt
 import math
 import platform
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,6 +237,40 @@ class BenchResult:
         return Clock.from_server_info(self.provenance.server_info)
 
     @property
+    def outcome(self) -> str:
+        """``ok``; ``errors`` (some requests failed); ``failed`` (none completed: the figures are not a
+        measurement); ``partial`` (cut short by a dying server); ``stopped`` (by the user)."""
+        if self.interrupted:
+            return "stopped"
+        if self.partial:
+            return "partial"
+        s = self.summary
+        if s.completed == 0:
+            return "failed"
+        return "errors" if s.completed < s.total else "ok"
+
+    @property
+    def failure(self) -> str | None:
+        """Why the requests that did not complete failed, in the server's words and most common first
+        (``"8 of 8 requests: HTTP 400 (in the stream): Token id 19837 is out of vocabulary"``); None when all
+        completed."""
+        if self.summary.completed == self.summary.total:
+            return None
+        return failure_text(self.requests, self.summary.total)
+
+    @property
+    def prompts_text(self) -> str:
+        """How the prompts were made (under the server's tokenizer, or why not), empty when not recorded."""
+        prompts = (self.provenance.workload.get("params") or {}).get("prompts")
+        if not isinstance(prompts, Mapping):
+            return ""
+        text = str(prompts.get("method") or "")
+        vocab = prompts.get("vocab_size")
+        if isinstance(vocab, int) and "token ids" in text:
+            text += f" (vocabulary {vocab:,}, from {prompts.get('vocab_from')})"
+        return text
+
+    @property
     def on_hardware(self) -> Summary:
         """The summary a person reads: on the twin, converted to the modelled hardware; on a real server,
         :attr:`summary` itself. ``summary`` stays what the client measured (the twin clock on the twin)."""
@@ -279,6 +314,7 @@ class BenchResult:
             "repeat": self.repeat,
             "partial": self.partial,
             "interrupted": self.interrupted,
+            "outcome": self.outcome,
             **self._headline(s),
         }
         for name in _LATENCIES:
@@ -304,6 +340,7 @@ class BenchResult:
             backend=self.provenance.backend,
             url=self.provenance.url,
             abort_reason=self.abort_reason,
+            failure=self.failure,
             id=self.id,
         )
         return row
@@ -326,6 +363,8 @@ class BenchResult:
                 "request_rate": self.request_rate,
                 "repeat": self.repeat,
                 "partial": self.partial,
+                "outcome": self.outcome,
+                "failure": self.failure,
                 "abort_reason": self.abort_reason,
                 "diagnosis": self.diagnosis,
                 **self._headline(),
@@ -340,7 +379,9 @@ class BenchResult:
                 "queue_ms": dist(s.queue_ms),
                 "engine": self.provenance.engine,
                 "engine_version": self.provenance.engine_version,
+                "engine_from": self.provenance.engine_from,
                 "backend": self.provenance.backend,
+                "prompts": (self.provenance.workload.get("params") or {}).get("prompts"),
                 "clock": self.clock.to_dict(),
             }
         )
@@ -402,6 +443,8 @@ class BenchResult:
     def __repr__(self) -> str:
         s = self.on_hardware
         flag = " PARTIAL" if self.partial else ""
+        if self.outcome == "failed":
+            return f"BenchResult({self.label or self.provenance.url} c={self.concurrency} FAILED: {self.failure})"
         return (
             f"BenchResult({self.label or self.provenance.url} c={self.concurrency}{flag}: {s.completed}/{s.total} ok, "
             f"{fmt_tok_s(s.output_throughput)} output{self.clock.tag}, TTFT median {fmt_ms(s.ttft_ms.median)}, "
@@ -410,6 +453,39 @@ class BenchResult:
 
     def _repr_html_(self) -> str:
         return _result_html(self)
+
+
+#: How many distinct reasons a failure text names.
+_REASONS = 2
+
+
+def _reason_key(error: str) -> str:
+    """Errors that differ only in their numbers are one reason (``Token id 19837 is out of vocabulary``
+    and ``Token id 19694 ...``); the HTTP status stays apart."""
+    head = re.match(r"HTTP \d{3}(?: \(in the stream\))?: ", error)
+    cut = head.end() if head else 0
+    return error[:cut] + re.sub(r"\d+", "#", error[cut:])
+
+
+def failure_text(frame: pd.DataFrame, total: int) -> str:
+    """The errors of the requests in ``frame`` that did not complete, grouped: ``"N of M requests: reason"``
+    for the most common ones, ``e.g.`` before the first of a group whose numbers vary (a run cut short adds
+    ``run aborted (...)`` to each, which is kept)."""
+    if "error" not in frame or not len(frame):
+        return "no error recorded"
+    failed = frame[frame["status"] != "ok"] if "status" in frame else frame
+    errors = [str(e)[:300] for e in failed["error"] if isinstance(e, str) and e]
+    if not errors:
+        return "no error recorded"
+    groups: dict[str, list[str]] = {}
+    for e in errors:
+        groups.setdefault(_reason_key(e), []).append(e)
+    ranked = sorted(groups.values(), key=lambda g: -len(g))
+    parts = [f"{len(g)} of {plural(total, 'request')}: {'' if len(set(g)) == 1 else 'e.g. '}{g[0]}" for g in ranked]
+    parts = parts[:_REASONS]
+    if len(ranked) > _REASONS:
+        parts.append(f"{plural(len(ranked) - _REASONS, 'other reason')}")
+    return "; ".join(parts)
 
 
 def _result_html(r: BenchResult) -> str:
@@ -428,6 +504,12 @@ def _result_html(r: BenchResult) -> str:
         warn = hv.p(f"Partial result: {r.abort_reason or 'run aborted'}") + (
             hv.p(f"Diagnosis: {r.diagnosis}") if r.diagnosis is not None else ""
         )
+    elif r.outcome == "failed":
+        warn = hv.p(f"Failed: no request completed, so there is no measurement. {r.failure}")
+    elif r.outcome == "errors":
+        warn = hv.p(f"Failed requests: {r.failure}")
+    if r.prompts_text:
+        warn += hv.p(f"Prompts: {r.prompts_text}")
     tput: list[tuple[str, object]] = [
         ("requests", f"{s.completed} ok, {s.failed} failed, {s.incomplete} incomplete, {s.not_sent} not sent"),
         ("duration", fmt_s(s.duration_s)),
@@ -461,16 +543,12 @@ def _result_html(r: BenchResult) -> str:
         )
     ]
     note = hv.p(clock.note()) if clock.is_twin else ""
-    state: hv.State = "fail" if r.partial or s.completed == 0 else "ok"
-    status = (
-        "PARTIAL" if r.partial else fmt_tok_s(s.output_throughput) if s.completed else "FAILED: no request completed"
-    )
-    return hv.card(
-        f"benchmark {r.label}".strip(),
-        head + warn + hv.kv_table(tput) + hv.table(rows, digits=1) + note,
-        state=state,
-        status=status,
-    )
+    state: hv.State = "fail" if r.partial or r.outcome == "failed" else "warn" if r.outcome == "errors" else "ok"
+    status = "PARTIAL" if r.partial else fmt_tok_s(s.output_throughput) if s.completed else "✗ FAILED"
+    figures = hv.kv_table(tput) + hv.table(rows, digits=1)
+    if s.completed == 0:  # zeros and blanks are no measurement: the requests and why they failed say it all
+        figures = hv.kv_table(tput[:2])
+    return hv.card(f"benchmark {r.label}".strip(), head + warn + figures + note, state=state, status=status)
 
 
 class BenchRuns(Sequence[BenchResult]):
@@ -531,8 +609,10 @@ class BenchRuns(Sequence[BenchResult]):
         note = hv.p(clock.note()) if clock.is_twin else ""
         if len(workloads) == 1 and (only := workloads.pop()):
             note = hv.p(f"workload: {only}") + note
-        state: hv.State = "fail" if self.partial or any(r.summary.completed == 0 for r in self._runs) else "ok"
-        return hv.card(plural(len(self), "benchmark run"), hv.table(rows, digits=1) + note, state=state)
+        failed = [r for r in self._runs if r.outcome == "failed"]
+        state: hv.State = "fail" if self.partial or failed else "ok"
+        status = f"✗ {len(failed)} of {plural(len(self), 'run')} failed" if failed else ""
+        return hv.card(plural(len(self), "benchmark run"), hv.table(rows, digits=1) + note, state=state, status=status)
 
 
 def _run_status(r: BenchResult) -> str:
@@ -542,7 +622,7 @@ def _run_status(r: BenchResult) -> str:
     if r.partial:
         return "PARTIAL: " + (r.abort_reason or "")
     if r.summary.completed == 0:
-        return "FAILED: no request completed"
+        return f"FAILED: {r.failure}"
     if r.summary.failed or r.summary.incomplete:
         return f"ok, {r.summary.failed + r.summary.incomplete} failed"
     return "ok"

@@ -266,7 +266,9 @@ async def run_async(
     :class:`~dsv4lab.progress.Progress` to report into (a sweep shares one). Cancelling the task (the
     user's Stop) returns the partial result instead of raising. ``profile`` runs the server's torch
     profiler over the measured requests (not the warmup), traces in ``profile_output_dir`` on the server
-    host; the server's answer to ``/stop_profile`` is kept in ``BenchResult.profile``.
+    host; the server's answer to ``/stop_profile`` is kept in ``BenchResult.profile``. Random prompts are
+    first remade under the server's tokenizer where it has one (:func:`~dsv4lab.bench.tokens.fit_workload`),
+    so the provenance's workload is the one sent.
     """
     load = load or LoadSpec()
     options = options or ClientOptions()
@@ -524,20 +526,14 @@ def _finish(reporter: Progress, result: BenchResult) -> None:
         state: State = "warn" if result.interrupted else "fail"  # the user's Stop is no failure: amber, not red
         reporter.finish(f"PARTIAL: {result.abort_reason}", state, detail=counts)
     elif s.completed == 0:
-        reporter.finish(f"FAILED: no request completed ({first_error(result)})", "fail", detail=counts)
+        reporter.finish(f"FAILED: no request completed ({result.failure})", "fail", detail=counts)
     else:
         reporter.finish(f"done: {fmt_tok_s(s.output_throughput)} output{result.clock.tag}", "ok", detail=counts)
 
 
 def first_error(result: BenchResult) -> str:
-    """The first failed request's error, as the server or the connection gave it (the reason a run that
-    completed nothing failed)."""
-    frame = result.requests
-    if "error" in frame and len(frame):
-        errors = [str(e) for e in frame["error"] if isinstance(e, str) and e]
-        if errors:
-            return errors[0][:300]
-    return "no error recorded"
+    """Why a run's requests failed, as the server or the connection said (:attr:`BenchResult.failure`)."""
+    return result.failure or "no error recorded"
 
 
 def _accept_length(info: Mapping[str, Any]) -> float | None:
@@ -635,6 +631,9 @@ def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:
     if best is not None:
         c = "unlimited" if best.concurrency is None else best.concurrency
         text += f", best {fmt_tok_s(best.on_hardware.output_throughput)} output at concurrency {c}{best.clock.tag}"
+    failed = [x for x in runs if not x.summary.completed]
+    if failed:  # a run that measured nothing is no data point: say so beside the best of the others
+        text += f"; {len(failed)} failed ({first_error(failed[0])})"
     reporter.finish(text, "ok" if len(done) == len(runs) else "warn", detail=_ok_detail(runs))
 
 

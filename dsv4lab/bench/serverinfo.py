@@ -29,6 +29,7 @@ from dsv4lab.hosts import Host
 
 __all__ = [
     "discover_model",
+    "engine_at",
     "engine_of",
     "fetch_json",
     "first_model_id",
@@ -137,6 +138,15 @@ async def identify_engine(
         return name, None, f"GET /v1/models (owned_by {owner})" if name != "unknown" else "not reported"
     how = "GET /version" + (f" and /v1/models (owned_by {owner})" if name != "unknown" else "")
     return name, str(version), how
+
+
+async def engine_at(
+    base_url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None
+) -> tuple[str, str | None, str]:
+    """:func:`identify_engine` for a server nothing is known of yet."""
+    info = await server_info(base_url, timeout_s=timeout_s, headers=headers)
+    models = await list_models(base_url, timeout_s=timeout_s, headers=headers)
+    return await identify_engine(base_url, info, models, timeout_s=timeout_s, headers=headers)
 
 
 def gpu_names(host: Host, *, timeout_s: float = 20.0) -> tuple[str, ...]:

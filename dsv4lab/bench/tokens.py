@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from dsv4lab.bench.client import http_error
 from dsv4lab.bench.workload import ID_HIGH, ID_LOW, RequestSpec, Workload
 from dsv4lab.hosts import Host
 
@@ -77,10 +78,10 @@ class ServerTokenizer:
             body = {"model": self.model, **body}
         try:
             async with self._sem, self.session.post(self.base + path, json=body, headers=self.headers) as resp:
-                text = await resp.text()
+                body_bytes = await resp.read()
                 if resp.status != 200:
-                    raise TokenizerUnavailable(f"POST {path}: HTTP {resp.status} {text[:200].strip()}")
-                return json.loads(text)
+                    raise TokenizerUnavailable(f"POST {path}: {http_error(resp.status, body_bytes[:2000])[:300]}")
+                return json.loads(body_bytes)
         except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, OSError, ValueError) as exc:
             raise TokenizerUnavailable(f"POST {path}: {type(exc).__name__}: {exc}") from None
 
@@ -96,7 +97,7 @@ class ServerTokenizer:
 
     async def detokenize(self, ids: Sequence[int]) -> str:
         data = await self._post("/detokenize", {"tokens": list(ids)})
-        text = data.get("prompt") if isinstance(data, dict) else None
+        text = data.get("prompt", data.get("text")) if isinstance(data, dict) else None  # vLLM's key, or "text"
         if not isinstance(text, str):
             raise TokenizerUnavailable("POST /detokenize: no 'prompt' in the answer")
         return text
@@ -261,8 +262,10 @@ async def _learn(
         plain = await tok.tokenize(_PROBE_TEXT, special=False)
         specials |= _bos_ids(plain, await tok.tokenize(_PROBE_TEXT, special=True))
         vocab = await _vocab_from_server(tok)
-        vocab_from = "POST /detokenize (search for the vocabulary's edge)" if vocab is not None else None
+        vocab_from = "POST /detokenize" if vocab is not None else None
     except TokenizerUnavailable as exc:
+        if not token_ids:  # text prompts need the server's tokenizer; ids only the vocabulary's size
+            raise
         tokenizer_error = str(exc)
         vocab, vocab_from = None, None
     model = await asyncio.to_thread(files)
@@ -277,8 +280,6 @@ async def _learn(
     )
     if tokenizer_error is not None:
         facts["tokenizer"] = f"unavailable: {tokenizer_error}"
-        if not token_ids:
-            raise TokenizerUnavailable(tokenizer_error)
     else:
         facts["tokenizer"] = "the server's (POST /tokenize, /detokenize)"
         facts["added_by_server"] = added

