@@ -14,10 +14,11 @@ from dsv4lab.engines.base import Engine
 from dsv4lab.errors import ConfigError, UnknownNameError
 from dsv4lab.logs import Diagnosis
 
-__all__ = ["SGLangEngine"]
+__all__ = ["SGLangEngine", "as_server_config"]
 
 
-def _server_config(config: Any, engine: str) -> ServerConfig:
+def as_server_config(config: Any, engine: str) -> ServerConfig:
+    """``config`` when it is SGLang's (the twin and SGLang take the same flags); refused by name otherwise."""
     if not isinstance(config, ServerConfig):
         raise ConfigError("config", type(config).__name__, f"a ServerConfig (SGLang's flags) for the {engine} engine")
     return config
@@ -68,7 +69,7 @@ class SGLangEngine(Engine):
         return diagnose_with_model(log, hardware=hardware, sglang_version=version)
 
     def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
-        cfg = _server_config(config, self.name)
+        cfg = as_server_config(config, self.name)
         render_env_file(cfg)  # a redacted secret is refused here
         render_argv(cfg, resolve_release(version, warn=False))  # and a flag the release lacks
 
@@ -76,7 +77,7 @@ class SGLangEngine(Engine):
         self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
     ) -> str:
         return render_launch_script(
-            _server_config(config, self.name),
+            as_server_config(config, self.name),
             run_dir=run_dir,
             sglang_version=resolve_release(version, warn=False),
             python=python,
