@@ -85,3 +85,18 @@ def test_twin_port_in_use_is_diagnosed_as_the_port(tmp_path: Path) -> None:
     d = diagnose(log)
     assert d.outcome is Outcome.CRASH, d.cause
     assert "port" in d.cause and str(port) in d.cause and d.confidence >= 0.5
+
+
+def test_a_shutdown_signal_line_is_told_apart() -> None:
+    """vLLM stopped during start-up logs the signal, then its workers' initialisation failing: the watcher
+    calls that STOPPED (the marker says so) only when the signal line came first."""
+    from dsv4lab.logs.patterns import SHUTDOWN_SIGNAL
+
+    line = (
+        "(EngineCore pid=1195) INFO 12-01 20:21:24 [core.py:1454] [shutdown] EngineCore: trigger received "
+        "signal=SIGTERM"
+    )
+    assert SHUTDOWN_SIGNAL.search(line)
+    assert SHUTDOWN_SIGNAL.search("received signal SIGINT")
+    for other in ("received signal=SIGKILL", "Exception: WorkerProc initialization failed", "signal handler set"):
+        assert not SHUTDOWN_SIGNAL.search(other), other

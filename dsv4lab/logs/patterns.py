@@ -14,6 +14,7 @@ import re
 __all__ = [
     "ANSI",
     "GIB_UNITS",
+    "SHUTDOWN_SIGNAL",
     "SglangPrefix",
     "split_sglang_prefix",
     "to_gib",
@@ -21,6 +22,11 @@ __all__ = [
 
 #: ANSI colour / cursor sequences (``\x1b[32m``, ``\x1b[2K``) that some terminals and tqdm leave in logs.
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]")
+
+#: A server saying it was sent a shutdown signal (vLLM's EngineCore: "[shutdown] EngineCore: trigger received
+#: signal=SIGTERM"). Stopped during start-up, vLLM then logs its workers' initialisation failing: errors
+#: after this line are the stop's consequences, not a crash of its own.
+SHUTDOWN_SIGNAL = re.compile(r"received signal[ =:]*SIG(?:TERM|INT)\b")
 
 #: Multipliers to GiB. SGLang and vLLM print "GB" for bytes / 2**30, so GB is GiB here.
 GIB_UNITS: dict[str, float] = {

@@ -33,6 +33,7 @@ from typing import Any
 from dsv4lab.errors import DSV4LabError, HostConnectionError, Interrupted
 from dsv4lab.hosts import Follower, KillReport, PortForward
 from dsv4lab.logs import Diagnosis, LineKind, Outcome, classify_line, diagnose
+from dsv4lab.logs.patterns import SHUTDOWN_SIGNAL
 from dsv4lab.progress import Progress, State
 from dsv4lab.serving.launch import ServerHandle
 from dsv4lab.units import REAL, WALL_CLOCK, Clock, fmt_s
@@ -369,6 +370,8 @@ class _Watch:
         self.timeline: list[PhaseMark] = []
         self.last_phase: str | None = None
         self.fatal_lines: list[str] = []
+        #: The server logged a shutdown signal before any fatal line (what it logs after is the stop's doing).
+        self.signalled_first = False
         self.follower: Follower | None = None
         self.forward: PortForward | None = None
         self.offset = 0
@@ -414,6 +417,8 @@ class _Watch:
         kind = classify_line(text)
         if _is_fatal(kind):
             self.fatal_lines.append(text)
+        elif not self.fatal_lines and not self.signalled_first and SHUTDOWN_SIGNAL.search(text):
+            self.signalled_first = True
         return kind
 
     def all_lines(self) -> list[str]:
@@ -491,7 +496,8 @@ class _Watch:
     def death(self, status: int | None) -> str:
         """Say how the server ended, from the exit status, the stop marker and what it logged."""
         h = self.handle
-        if not self.fatal_lines and h.stopped_on_purpose():  # a server that logged its death was not stopped
+        # A server that logged its death was not stopped, unless it logged the stop's signal first.
+        if (not self.fatal_lines or self.signalled_first) and h.stopped_on_purpose():
             return "stopped"
         died = "the server process has exited" + (f" with status {status}" if status is not None else "")
         logged_cause = False
