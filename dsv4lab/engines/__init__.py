@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4lab.engines.base import Engine, SessionSettings, SmiSpec
+from dsv4lab.engines.base import Engine, HostFacts, SessionSettings, SmiSpec
 from dsv4lab.engines.sglang import SGLangEngine
 from dsv4lab.engines.twin import TwinEngine, twin_interval_ms
 from dsv4lab.engines.vllm import VllmEngine
@@ -12,6 +12,7 @@ __all__ = [
     "ENGINES",
     "ENGINE_NAMES",
     "Engine",
+    "HostFacts",
     "SGLangEngine",
     "SessionSettings",
     "SmiSpec",
