@@ -24,6 +24,7 @@ __all__ = [
 
 #: Every engine by the name ``target=`` and ``--engine`` take.
 ENGINES: dict[str, Engine] = {e.name: e for e in (TwinEngine(), SGLangEngine(), VllmEngine())}
+#: Their names, in the order ``--engine`` lists them.
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
 
 

@@ -23,6 +23,8 @@ def _server_config(config: Any, engine: str) -> ServerConfig:
 
 
 class SGLangEngine(Engine):
+    """A real SGLang server: ServerConfig and presets, the flags of one SGLang release, ``nvidia-smi``."""
+
     name = "sglang"
     description = "a real SGLang server"
     module = "sglang"

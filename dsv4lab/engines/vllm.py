@@ -73,6 +73,9 @@ def _vllm_config(config: Any) -> VllmConfig:
 
 
 class VllmEngine(Engine):
+    """A real vLLM server: VllmConfig, the flags of one vLLM release, and on a host without GPUs the memory
+    preflight of its CPU build before the launch."""
+
     name = "vllm"
     description = "a real vLLM server"
     module = "vllm"
