@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -351,3 +352,97 @@ def test_gpu_kv_cache_too_small_for_max_model_len() -> None:
     assert p.fix == "max_model_len=37344 (the longest that fits)"
     with pytest.raises(ConfigError, match="model"):
         vllm_preflight(config, hardware="tiny")  # model_path is no folder: no facts for the split
+
+
+# -- reading the host, and the launch's refusal ------------------------------------------------------------
+
+
+class _Canned:
+    """A host whose commands print canned text (what the memory and model scripts would print)."""
+
+    name = "box"
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+        self.argv: list[str] = []
+
+    def run(self, command: list[str], *, timeout_s: float, input_text: str | None = None) -> Any:
+        from dsv4lab.hosts.base import CommandResult
+
+        self.argv = list(command)
+        return CommandResult("box", " ".join(command), 0, self.stdout, "", 0.01)
+
+
+def test_read_host_memory_parses_what_the_script_prints() -> None:
+    from dsv4lab.serving.hostmem import read_host_memory
+
+    node = "Node 1 MemTotal: 8388608 kB\nNode 1 MemFree: 2097152 kB\nNode 1 Active(file): 1048576 kB\n"
+    text = (
+        "@@meminfo\nMemTotal: 16777216 kB\nMemAvailable: 8388608 kB\n"
+        f"@@node 1\n{node}"
+        f"@@cgroup {1 << 63} 123\n"  # cgroup v1's "no limit"
+        "@@gpus 0\n@@env VLLM_CPU_KVCACHE_SPACE=4\n"
+    )
+    mem = read_host_memory(_Canned(text))  # type: ignore[arg-type]
+    # Node 1: total 8 GiB, available 2 + 1 GiB; the sentinel is no limit; the host's KV space is seen.
+    assert (mem.node, mem.total_gib, mem.available_gib, mem.gpus) == (1, 8.0, 3.0, 0)
+    assert mem.env == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+    limited = read_host_memory(_Canned(text.replace(f"@@cgroup {1 << 63} 123", f"@@cgroup {4 * GIB} {3 * GIB}")))  # type: ignore[arg-type]
+    assert (limited.total_gib, limited.available_gib) == (4.0, 1.0)
+
+
+def test_read_model_facts_from_the_hosts_folder() -> None:
+    from dsv4lab.serving.hostmem import read_model_facts
+
+    host = _Canned(f"@@dir /models/tiny\n@@bytes {TINY_BYTES}\n@@config\n{json.dumps(TINY, indent=2)}\n")
+    m = read_model_facts(host, "/models/tiny", env={"HF_HOME": "/hf"})  # type: ignore[arg-type]
+    assert m is not None and m.name == "tiny" and m.weight_bytes == TINY_BYTES and m.layers == 2
+    assert host.argv[-3:] == ["/models/tiny", "/hf", ""]  # the path and the config's Hugging Face cache
+    assert read_model_facts(_Canned("@@none\n"), "Org/Model") is None  # type: ignore[arg-type]
+
+
+class _Facts:
+    def __init__(self, memory: HostMemory, model: ModelFacts | None) -> None:
+        self._memory, self._model = memory, model
+        self.asked: list[str] = []
+
+    def memory(self) -> HostMemory:
+        self.asked.append("memory")
+        return self._memory
+
+    def model_facts(self, model_path: str, env: Any) -> ModelFacts | None:
+        self.asked.append("model")
+        return self._model
+
+
+def test_vllm_engine_refuses_on_a_cpu_host_only() -> None:
+    from dsv4lab.engines import get_engine
+
+    engine = get_engine("vllm")
+    config = _cpu_config(env={"VLLM_CPU_KVCACHE_SPACE": "64"})
+    with pytest.raises(ConfigError, match="VLLM_CPU_KVCACHE_SPACE='64' is not valid") as refused:
+        engine.check_on_host(config, "0.32.0", _Facts(_host(), _tiny()))
+    assert refused.value.field == "env.VLLM_CPU_KVCACHE_SPACE"
+    # A GPU host: the split depends on what vLLM measures there, so no refusal on estimates (and no model read).
+    gpu = _Facts(HostMemory("gpubox", 64 * GIB, 60 * GIB, gpus=8), _tiny())
+    engine.check_on_host(config, "0.32.0", gpu)
+    assert gpu.asked == ["memory"]
+    # The other engines read nothing.
+    sglang = _Facts(_host(), None)
+    get_engine("sglang").check_on_host(object(), "0.5.23", sglang)
+    assert sglang.asked == []
+
+
+def test_launch_refuses_before_writing_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsv4lab.hosts import open_host
+    from dsv4lab.serving.launch import launch
+
+    monkeypatch.setenv("DSV4LAB_STATE_DIR", str(tmp_path / "state"))
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    config = VllmConfig(model_path=str(folder), env={"VLLM_CPU_KVCACHE_SPACE": "1000000"})
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match="VLLM_CPU_KVCACHE_SPACE='1000000' is not valid"):
+        launch(open_host(None), config, str(run_dir), target="vllm", check=False)
+    assert not run_dir.exists()
