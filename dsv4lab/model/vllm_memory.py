@@ -463,7 +463,9 @@ def _capture_sizes(config: VllmConfig, max_num_seqs: int, max_tokens: int, sm: s
 
 @dataclass(frozen=True)
 class DeviceSplit:
-    """One device's memory as vLLM divides it, in GiB (a CPU host's memory node is its one device)."""
+    """One device's memory as vLLM divides it, in GiB. A CPU host's memory node is its one device; there
+    ``non_torch_gib`` is the memory vLLM's own processes take (:data:`CPU_PROCESS_MEMORY_GIB`) and there is
+    no activation or graph term."""
 
     device: str
     total_gib: float
