@@ -127,3 +127,52 @@ def test_preflight_set_and_hardware() -> None:
     bad = run_cli("preflight", "--preset", "config_a", "--hardware", "a100")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "Error: unknown hardware profile 'a100' (allowed: rtx-pro-6000-x8, h200-x8, tiny)"
+
+
+#: tools/make_tiny_model.py's config.json: 2 layers of 4 KV heads of 32, float32, 2,048 positions.
+TINY_CONFIG = {
+    "model_type": "llama", "dtype": "float32", "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "head_dim": 32, "hidden_size": 128, "intermediate_size": 256, "vocab_size": 3000,
+    "max_position_embeddings": 2048,
+}  # fmt: skip
+
+
+def _tiny_model(tmp_path: Path) -> Path:
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (folder / "model.safetensors").write_bytes(b"\0" * 4096)
+    return folder
+
+
+def test_vllm_preflight_json_contract_on_this_hosts_memory(tmp_path: Path) -> None:
+    model = _tiny_model(tmp_path)
+    base = ("preflight", "--engine", "vllm", "--set", f"model_path={model}", "--set", "dtype=float32")
+    # A KV space no host has: the KV cache allocation fails, short by about the space itself.
+    proc = run_cli(*base, "--set", "env.VLLM_CPU_KVCACHE_SPACE=100000", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["fits"] is False and out["fail_phase"] == "kv_cache_alloc"
+    assert 100000 - out["host_memory"]["available_gib"] < out["short_by_gib"] < 100000
+    assert out["field"] == "env.VLLM_CPU_KVCACHE_SPACE" and "VLLM_CPU_KVCACHE_SPACE=" in out["fix"]
+    assert "100000.00 GiB" in out["reason"] and out["backend"] == "cpu"
+    # 1 GiB for 600,000 tokens: vLLM's "max seq len" refusal, its own estimate of the longest that fits.
+    short = json.loads(run_cli(*base, "--set", "env.VLLM_CPU_KVCACHE_SPACE=1", "--set", "max_model_len=600000",
+                               "--json").stdout)  # fmt: skip
+    assert short["fail_phase"] == "kv_cache_alloc" and short["field"] == "max_model_len"
+    assert short["kv"]["estimated_max_model_len"] == 524160 and "max_model_len=524160" in short["fix"]
+    # The same for a GPU profile: the split as vLLM logs it.
+    gpu = json.loads(run_cli(*base, "--hardware", "tiny", "--json").stdout)
+    assert gpu["fits"] is True and gpu["backend"] == "gpu" and gpu["split"][0]["device"] == "GPU 0"
+    human = run_cli(*base, "--set", "env.VLLM_CPU_KVCACHE_SPACE=100000")
+    assert "Predicted: fails in kv_cache_alloc" in human.stdout and "Fix: VLLM_CPU_KVCACHE_SPACE=" in human.stdout
+
+
+def test_vllm_preflight_refuses_sglang_options() -> None:
+    base = ("preflight", "--engine", "vllm", "--set", "model_path=/nowhere")
+    bad = run_cli(*base, "--model", "deepseek-v4-flash")
+    assert bad.returncode == 2 and "--model" in bad.stderr
+    both = run_cli(*base, "--hardware", "tiny", "--host", "gpubox")
+    assert both.returncode == 2 and "not both" in both.stderr
+    sglang = run_cli("preflight", "--preset", "config_a", "--host", "gpubox")
+    assert sglang.returncode == 2 and "only with --engine vllm" in sglang.stderr

@@ -147,6 +147,25 @@ def _resolve_reexport(
     return None
 
 
+def _qualify_by_module(app: Sphinx, doctree: nodes.document) -> None:
+    """A signature's bare ``Engine`` means the ``Engine`` its own module imports: two public classes share
+    the name (``dsv4lab.engines.Engine``, ``dsv4lab.logs.Engine``), and Sphinx's fuzzy search would pick one
+    of them at random. Point such a reference at the home of what the module binds, when that is documented."""
+    import importlib
+
+    for node in doctree.findall(addnodes.pending_xref):
+        target, module = str(node.get("reftarget", "")), node.get("py:module")
+        if node.get("refdomain") != "py" or not module or "." in target or not str(module).startswith("dsv4lab"):
+            continue
+        try:
+            obj = getattr(importlib.import_module(str(module)), target, None)
+        except ImportError:
+            continue
+        home = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+        if isinstance(obj, type) and home in _public_paths():
+            node["reftarget"] = home
+
+
 def _private_but_real(app: Sphinx, domain: Domain, node: addnodes.pending_xref) -> bool | None:
     """A signature names a private helper or a type variable (``dsv4lab.blocking.T``): real, not broken, and
     left out of the reference on purpose, so no warning. A dsv4lab path that names nothing is still reported."""
@@ -204,6 +223,7 @@ def _relative_paths(app: Sphinx, doctree: nodes.document) -> None:
 def setup(app: Sphinx) -> dict[str, object]:
     app.add_directive("public-module", PublicModule)
     app.add_directive("cli-help", CliHelp)
+    app.connect("doctree-read", _qualify_by_module)
     app.connect("missing-reference", _resolve_reexport)
     app.connect("warn-missing-reference", _private_but_real)
     app.connect("autodoc-process-docstring", _google_sections)

@@ -117,16 +117,22 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
 
     from dsv4lab.model.memory import check_plan, preflight, suggest
 
-    config = _config_from_args(args)
+    engine = get_engine(args.engine or "sglang")
+    if engine.name == "vllm":
+        return _vllm_preflight(args, engine)
+    if args.host:
+        raise ConfigError("--host", args.host, "only with --engine vllm (SGLang's preflight models --hardware)")
+    config = _config_from_args(args, engine)
+    hardware = args.hardware or "rtx-pro-6000-x8"
     try:
         check_plan(args.concurrency, args.context_len, args.margin_gib)
     except ConfigError as exc:
         raise ConfigError("--" + exc.field.replace("_", "-"), exc.value, exc.allowed) from None
-    p = preflight(config, args.hardware, args.model, sglang_version=args.sglang_version)
+    p = preflight(config, hardware, args.model, sglang_version=args.sglang_version)
     options = (
         suggest(
             config,
-            args.hardware,
+            hardware,
             args.model,
             concurrency=args.concurrency,
             context_len=args.context_len,
@@ -146,6 +152,39 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     for i, o in enumerate(options):
         label = "Suggested" if i == 0 else "Alternative"
         print(f"{label}: {o.as_flags(args.sglang_version)} -- {o.why}")
+    return 0
+
+
+def _vllm_preflight(args: argparse.Namespace, engine: Engine) -> int:
+    """vLLM's preflight: on a GPU ``--hardware`` profile, or on the memory of ``--host`` (this machine by
+    default), with the model read where it lives."""
+    import json
+
+    from dsv4lab.model.vllm_memory import vllm_preflight
+
+    for flag, value in (
+        ("--model", args.model),
+        ("--concurrency", args.concurrency),
+        ("--context-len", args.context_len),
+    ):
+        if value is not None:
+            raise ConfigError(flag, value, "only with --engine sglang (vLLM's preflight reads the model's config.json)")
+    if args.host and args.hardware:
+        raise ConfigError(
+            "--hardware", args.hardware, "either --hardware (a GPU profile) or --host (that host's memory), not both"
+        )
+    config = _config_from_args(args, engine)
+    version = engine.resolve_version(args.sglang_version)
+    if args.hardware:
+        p = vllm_preflight(config, hardware=args.hardware, vllm_version=version)
+    else:
+        from dsv4lab.serving.hostmem import read_host_memory, read_model_facts
+
+        with _host_from_args(args) as host:
+            memory = read_host_memory(host)
+            model = read_model_facts(host, config.model_path, env=config.env)
+        p = vllm_preflight(config, memory, model=model, vllm_version=version, model_from_path=False)
+    print(json.dumps(p.to_dict(), indent=2) if args.json else p.explain())
     return 0
 
 
@@ -541,14 +580,26 @@ def _bench_verb(verbs: _Verbs) -> None:
 
 
 def _preflight_verb(verbs: _Verbs) -> None:
-    pf = verbs.add_parser("preflight", help="predict whether a config fits in GPU memory, and what would")
+    pf = verbs.add_parser("preflight", help="predict whether a config fits in memory, and what would fail")
     _add_config_source(pf)
-    pf.add_argument("--hardware", default="rtx-pro-6000-x8", help="hardware profile (see dsv4lab.config.hardware)")
-    pf.add_argument("--model", default=None, help="model profile (default: from the config's model_path)")
-    pf.add_argument("--sglang-version", default=None, help="release whose memory behaviour to model")
-    pf.add_argument("--concurrency", type=int, default=None, help="largest concurrency you will serve")
-    pf.add_argument("--context-len", type=int, default=None, help="context per request the KV pool must hold")
-    pf.add_argument("--margin-gib", type=float, default=4.0, help="GiB a suggestion must leave free")
+    pf.add_argument(
+        "--engine",
+        choices=[n for n in ENGINE_NAMES if n != "twin"],
+        default=None,
+        help="whose memory split: sglang (default; on --hardware) or vllm (on --hardware, or --host's memory)",
+    )
+    add_host_options(pf)
+    pf.add_argument(
+        "--hardware",
+        default=None,
+        help="hardware profile (see dsv4lab.config.hardware; SGLang's default rtx-pro-6000-x8); with --engine "
+        "vllm and no --hardware, the memory of --host (default: this machine)",
+    )
+    pf.add_argument("--model", default=None, help="SGLang model profile (default: from the config's model_path)")
+    pf.add_argument("--sglang-version", default=None, help="release whose memory behaviour to model (vLLM's too)")
+    pf.add_argument("--concurrency", type=int, default=None, help="largest concurrency you will serve (SGLang)")
+    pf.add_argument("--context-len", type=int, default=None, help="context per request the KV pool must hold (SGLang)")
+    pf.add_argument("--margin-gib", type=float, default=4.0, help="GiB a suggestion must leave free (SGLang)")
     pf.add_argument("--json", action="store_true", help="print one JSON object")
     pf.set_defaults(func=_cmd_preflight)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4lab.engines.base import Engine, SessionSettings, SmiSpec
+from dsv4lab.engines.base import Engine, HostFacts, SessionSettings, SmiSpec
 from dsv4lab.engines.sglang import SGLangEngine
 from dsv4lab.engines.twin import TwinEngine, twin_interval_ms
 from dsv4lab.engines.vllm import VllmEngine
@@ -12,6 +12,7 @@ __all__ = [
     "ENGINES",
     "ENGINE_NAMES",
     "Engine",
+    "HostFacts",
     "SGLangEngine",
     "SessionSettings",
     "SmiSpec",
@@ -23,6 +24,7 @@ __all__ = [
 
 #: Every engine by the name ``target=`` and ``--engine`` take.
 ENGINES: dict[str, Engine] = {e.name: e for e in (TwinEngine(), SGLangEngine(), VllmEngine())}
+#: Their names, in the order ``--engine`` lists them.
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
 
 

@@ -10,12 +10,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from dsv4lab.logs import Diagnosis, diagnose
 from dsv4lab.units import REAL, Clock
 
-__all__ = ["Engine", "SessionSettings", "SmiSpec"]
+if TYPE_CHECKING:
+    from dsv4lab.model.vllm_memory import HostMemory, ModelFacts
+
+__all__ = ["Engine", "HostFacts", "SessionSettings", "SmiSpec"]
+
+
+class HostFacts(Protocol):
+    """What a launch check may read on the server host, each read only when asked
+    (:class:`dsv4lab.serving.hostmem.HostProbe` over a host connection)."""
+
+    def memory(self) -> HostMemory:
+        """The host's memory as the engine's CPU backend sees it, and its GPUs."""
+
+    def model_facts(self, model_path: str, env: Mapping[str, str]) -> ModelFacts | None:
+        """The model's config.json facts and weight size on the host; None when it is not there."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,10 @@ class Engine(ABC):
     def check(self, config: Any, version: str, settings: Mapping[str, str] | None) -> None:
         """Raise for what would make the launch fail at once (a flag the release lacks, a redacted secret,
         the twin's refusals), before anything is written on the host."""
+
+    def check_on_host(self, config: Any, version: str, facts: HostFacts) -> None:  # noqa: B027 - optional
+        """Raise for what the server host's own resources would make fail (its memory), read through
+        ``facts``; by default nothing is checked, so an engine that predicts nothing costs no remote read."""
 
     @abstractmethod
     def launch_script(

@@ -25,6 +25,8 @@ def as_server_config(config: Any, engine: str) -> ServerConfig:
 
 
 class SGLangEngine(Engine):
+    """A real SGLang server: ServerConfig and presets, the flags of one SGLang release, ``nvidia-smi``."""
+
     name = "sglang"
     description = "a real SGLang server"
     module = "sglang"

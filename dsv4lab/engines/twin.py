@@ -39,6 +39,9 @@ def _time_scale(settings: Mapping[str, str] | None) -> float:
 
 
 class TwinEngine(SGLangEngine):
+    """SGLang's flags and log on modelled hardware: the twin's settings travel in the launch environment and
+    its memory model refuses at launch what would make the twin exit."""
+
     name = "twin"
     description = "the SGLang twin (no GPU; modelled hardware)"
     module = "dsv4lab"

@@ -16,7 +16,7 @@ from dsv4lab.config.launch_script import render_env_file, render_script
 from dsv4lab.config.vllm_config import VllmConfig
 from dsv4lab.config.vllm_launch import render_vllm_argv, render_vllm_env, vllm_server_command
 from dsv4lab.config.vllm_releases import VLLM_RELEASES, resolve_vllm_release
-from dsv4lab.engines.base import Engine, SmiSpec
+from dsv4lab.engines.base import Engine, HostFacts, SmiSpec
 from dsv4lab.errors import ConfigError
 
 __all__ = ["HOST_MEMORY_SAMPLER", "VllmEngine"]
@@ -73,6 +73,9 @@ def _vllm_config(config: Any) -> VllmConfig:
 
 
 class VllmEngine(Engine):
+    """A real vLLM server: VllmConfig, the flags of one vLLM release, and on a host without GPUs the memory
+    preflight of its CPU build before the launch."""
+
     name = "vllm"
     description = "a real vLLM server"
     module = "vllm"
@@ -125,6 +128,23 @@ class VllmEngine(Engine):
         cfg = _vllm_config(config)
         render_vllm_env(cfg)  # a redacted secret is refused here
         render_vllm_argv(cfg, version)  # and a flag or value the release lacks
+
+    def check_on_host(self, config: Any, version: str, facts: HostFacts) -> None:
+        """Refuse a launch the memory preflight predicts to fail on a host without GPUs (vLLM's CPU build):
+        a KV space the host's memory node cannot hold, or one that cannot hold a ``max_model_len`` request.
+        Both would otherwise be found after a minute of startup. On a GPU host the split depends on figures
+        vLLM measures (activation, graph pools), so the launch is not refused on estimates; ``dsv4lab
+        preflight --engine vllm --hardware PROFILE`` shows them."""
+        from dsv4lab.model.vllm_memory import vllm_preflight
+
+        cfg = _vllm_config(config)
+        memory = facts.memory()
+        if memory.gpus:
+            return
+        model = facts.model_facts(cfg.model_path, cfg.env)
+        prediction = vllm_preflight(cfg, memory, model=model, vllm_version=version, model_from_path=False)
+        if not prediction.fits:
+            raise prediction.refusal()
 
     def launch_script(
         self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None

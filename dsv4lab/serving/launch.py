@@ -500,6 +500,7 @@ def launch(
     twin_env: Mapping[str, str] | None = None,
     replace_stale: bool = False,
     check: bool = True,
+    preflight: bool = True,
     timeout_s: float = 60.0,
 ) -> ServerHandle:
     """Upload the env file and launch script into ``run_dir`` on ``host``, start the server, return at once.
@@ -508,7 +509,9 @@ def launch(
     time scale and fault). ``python`` is the server host's interpreter (a venv or conda env); with
     ``check`` it is checked first, with the kernel-config folder, in one remote call (:func:`check_host`).
     A port in use, or reserved by another launch, raises :class:`StaleServerError` unless
-    ``replace_stale`` kills the process tree holding it.
+    ``replace_stale`` kills the process tree holding it. With ``preflight`` the engine's memory prediction
+    on this host (:meth:`Engine.check_on_host <dsv4lab.engines.Engine.check_on_host>`: vLLM's CPU build) refuses
+    a launch that would fail for memory; ``preflight=False`` launches it anyway, to watch it fail.
     """
     engine = get_engine(target)
     version = engine.resolve_version(sglang_version)
@@ -519,6 +522,10 @@ def launch(
         python = engine.default_python(isinstance(host, LocalHost))
     if check:
         _retry(lambda: check_host(host, config, target=target, python=python, timeout_s=timeout_s))
+    if preflight:
+        from dsv4lab.serving.hostmem import HostProbe
+
+        _retry(lambda: engine.check_on_host(config, version, HostProbe(host, timeout_s)))
     run_dir = _retry(lambda: host.absolute_path(run_dir))
     layout = RunLayout(run_dir)
     _claim_run_dir(host, run_dir, replace_stale, timeout_s)

