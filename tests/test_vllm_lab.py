@@ -10,20 +10,18 @@ server's process group alive. ``lab.close()`` leaves no process behind.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.conftest import require
 from tests.kernel import Kernel
 from tests.sshd import SSHD
 from tests.test_kernel_interrupt import BACK_WITHIN_S
-from tests.vllmserver import VENV, make_tiny_model, vllm_available
+from tests.vllmserver import HELPERS, VENV, gone, make_tiny_model, roles, vllm_available
 
 pytestmark = pytest.mark.slow
 
@@ -41,34 +39,6 @@ lab = Lab({alias!r}, target="vllm", python={python!r}, run_root={root!r}, remote
 cfg = VllmConfig(model_path={model!r}, max_model_len=1024, dtype="float32", enforce_eager=True,
                  env={{"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}})
 """
-
-
-def _group(pgid: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["status"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
-                out.append(p)
-    return out
-
-
-def _roles(pgid: int) -> set[str]:
-    """What the group's processes call themselves (``/proc/PID/comm``: vLLM names its engine and workers;
-    the kernel keeps 15 characters of a name, so ``VLLM::EngineCore`` reads ``VLLM::EngineCor``)."""
-    return {p.name()[:15] for p in _group(pgid)}
-
-
-#: vLLM's own processes besides the API server: what outlives a SIGKILLed API server.
-HELPERS = {"VLLM::EngineCor", "VLLM::Worker"}
-
-
-def _gone(pgid: int, within_s: float = 15.0) -> list[psutil.Process]:
-    deadline = time.monotonic() + within_s
-    left = _group(pgid)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = _group(pgid)
-    return left
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +80,7 @@ def test_a_vllm_lab_over_ssh_launches_benches_and_stops_in_a_kernel(kernel: Kern
     assert kernel.value("s.state") == "'READY'", kernel.value("s.readiness.reason")
     assert kernel.value("s.url != f'http://127.0.0.1:{s.port}'") == "True"  # through the SSH tunnel
     pgid = int(kernel.value("s.handle.launcher_pid"))
-    assert _roles(pgid) >= HELPERS, _roles(pgid)
+    assert roles(pgid) >= HELPERS, roles(pgid)
 
     # Stop during a benchmark: control back within the bound, the cut run kept with what finished.
     cell = kernel.submit("runs = s.bench(concurrency=[4], prompts=400, input_len=64, output_len=64)")
@@ -135,4 +105,4 @@ def test_a_vllm_lab_over_ssh_launches_benches_and_stops_in_a_kernel(kernel: Kern
     assert done.status == "ok", (done.ename, done.evalue)
     assert kernel.value("runs2.partial") == "True"
     assert kernel.value("s.readiness.verdict.value") == "'CRASHED'", kernel.value("s.readiness.reason")
-    assert not _gone(pgid), "vLLM's EngineCore / worker outlived the killed API server"
+    assert not gone(pgid), "vLLM's EngineCore / worker outlived the killed API server"

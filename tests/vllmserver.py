@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -92,7 +93,7 @@ def make_tiny_model(out: Path) -> tuple[Path, int]:
     return Path(info["model"]), int(info["vocab_size"])
 
 
-def _group(pgid: int) -> list[psutil.Process]:
+def group(pgid: int) -> list[psutil.Process]:
     """Live processes of one process group (zombies are dead; their parent reaps them)."""
     out = []
     for p in psutil.process_iter(["status"]):
@@ -102,6 +103,33 @@ def _group(pgid: int) -> list[psutil.Process]:
     return out
 
 
+def roles(pgid: int) -> set[str]:
+    """What the group's processes call themselves (``/proc/PID/comm``: vLLM names its engine and workers;
+    the kernel keeps 15 characters of a name, so ``VLLM::EngineCore`` reads ``VLLM::EngineCor``)."""
+    return {p.name()[:15] for p in group(pgid)}
+
+
+#: vLLM's own processes besides the API server: what outlives a SIGKILLed API server.
+HELPERS = {"VLLM::EngineCor", "VLLM::Worker"}
+
+
+def gone(pgid: int, within_s: float = 15.0) -> list[psutil.Process]:
+    """What is still alive of the group after waiting up to ``within_s`` for it to end."""
+    deadline = time.monotonic() + within_s
+    left = group(pgid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = group(pgid)
+    return left
+
+
+def cli(*argv: str, env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    """``python -m dsv4lab ARGV`` as a script would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4lab", *argv], capture_output=True, text=True, env=env, timeout=timeout_s
+    )
+
+
 def stop_group(proc: subprocess.Popen[bytes], *, grace_s: float = 20.0) -> None:
     """SIGTERM to the server's process group, SIGKILL to what is left after ``grace_s``; then assert that
     none of the group survives."""
@@ -109,19 +137,19 @@ def stop_group(proc: subprocess.Popen[bytes], *, grace_s: float = 20.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while _group(pgid) and time.monotonic() < deadline:
+    while group(pgid) and time.monotonic() < deadline:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=0.2)
-    if _group(pgid):
+    if group(pgid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    left = _group(pgid)
+    left = group(pgid)
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = _group(pgid)
+        left = group(pgid)
     assert not left, f"vLLM processes survived the group's SIGKILL: {[(p.pid, p.name()) for p in left]}"
 
 

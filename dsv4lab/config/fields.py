@@ -10,13 +10,20 @@ table (``speculative``), which it passes in as ``nested``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from dsv4lab.errors import ConfigError, UnknownNameError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
 
 __all__ = [
     "ENV_NAME",
@@ -26,6 +33,9 @@ __all__ = [
     "check_env",
     "check_flag_list",
     "check_types",
+    "config_data",
+    "data_from_json",
+    "data_from_toml",
     "field_help_of",
     "field_names_of",
     "flatten",
@@ -396,3 +406,32 @@ def apply_values(data: dict[str, Any], values: Mapping[str, Any], cls: type, nes
         if key in nested and isinstance(value, nested[key]):
             value = {k: v for k, v in dataclasses.asdict(typing.cast(Any, value)).items() if v is not None}
         data[key] = list(value) if isinstance(value, tuple) else value
+
+
+def config_data(config: Any, nested: Any, *, redact: bool) -> dict[str, Any]:
+    """A config's plain data (:func:`to_plain`); with ``redact`` its secret values (``env.HF_TOKEN``,
+    ``--api-key ...``; :mod:`dsv4lab.secrets`) replaced by a placeholder, the form for files people read."""
+    data = to_plain(config, nested)
+    if not redact:
+        return data
+    from dsv4lab.secrets import collect_secrets, redact_data
+
+    redacted: dict[str, Any] = redact_data(data, collect_secrets(config))
+    return redacted
+
+
+def data_from_toml(text: str) -> dict[str, Any]:
+    """TOML text as plain data; invalid TOML is a ConfigError that shows where it starts."""
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("toml", text[:60], "valid TOML", detail=str(exc)) from exc
+    return data
+
+
+def data_from_json(text: str) -> Any:
+    """JSON text as plain data; invalid JSON is a ConfigError that shows where it starts."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("json", text[:60], "valid JSON", detail=str(exc)) from exc

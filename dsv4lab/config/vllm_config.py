@@ -30,9 +30,9 @@ from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError, UnknownNameError
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+    pass
 
 __all__ = [
     "VLLM_DTYPES",
@@ -300,12 +300,7 @@ class VllmConfig:
         ``redact`` replaces secret values (``env.HF_TOKEN``, ``--api-key ...``; :mod:`dsv4lab.secrets`) with
         a placeholder: the form for files people read.
         """
-        if redact:
-            from dsv4lab.secrets import collect_secrets, redact_data
-
-            data: dict[str, Any] = redact_data(self.to_dict(), collect_secrets(self))
-            return data
-        return _fields.to_plain(self, _NESTED)
+        return _fields.config_data(self, _NESTED, redact=redact)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> VllmConfig:
@@ -317,22 +312,14 @@ class VllmConfig:
 
     @classmethod
     def from_toml(cls, text: str) -> VllmConfig:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("toml", text[:60], "valid TOML", detail=str(exc)) from exc
-        return cls.from_dict(data)
+        return cls.from_dict(_fields.data_from_toml(text))
 
     def to_json(self, *, redact: bool = False) -> str:
         return json.dumps(self.to_dict(redact=redact), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> VllmConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("json", text[:60], "valid JSON", detail=str(exc)) from exc
-        return cls.from_dict(data)
+        return cls.from_dict(_fields.data_from_json(text))
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv

@@ -78,10 +78,12 @@ class SGLangEngine(Engine):
     def launch_script(
         self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
     ) -> str:
+        # The twin takes SGLang's launch line; what only it reads (its settings) is exported by the script.
         return render_launch_script(
             as_server_config(config, self.name),
             run_dir=run_dir,
             sglang_version=resolve_release(version, warn=False),
             python=python,
-            target="sglang",
+            target="twin" if self.rehearsal else "sglang",
+            twin_env=settings if self.rehearsal else None,
         )

@@ -11,8 +11,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from dsv4lab.config.launch_script import render_launch_script
-from dsv4lab.config.versions import resolve_release
 from dsv4lab.engines.base import SessionSettings, SmiSpec
 from dsv4lab.engines.sglang import SGLangEngine, as_server_config
 from dsv4lab.units import Clock
@@ -61,18 +59,6 @@ class TwinEngine(SGLangEngine):
         super().check(config, version, settings)
         twin = TwinSettings.from_env({**(settings or {}), "DSV4LAB_TWIN_SGLANG_VERSION": version})
         preflight(as_server_config(config, self.name), twin.hardware, sglang_version=twin.release)
-
-    def launch_script(
-        self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
-    ) -> str:
-        return render_launch_script(
-            as_server_config(config, self.name),
-            run_dir=run_dir,
-            sglang_version=resolve_release(version, warn=False),
-            python=python,
-            target="twin",
-            twin_env=settings,
-        )
 
     def launch_env(self, session: SessionSettings) -> dict[str, str]:
         env = {
