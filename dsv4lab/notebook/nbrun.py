@@ -642,6 +642,7 @@ def environment(params: Mapping[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
     target = str(params.get("target", "twin"))
+    twin = params_clock(params).is_twin
     return {
         "started_at": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "versions": versions,
@@ -649,9 +650,9 @@ def environment(params: Mapping[str, Any]) -> dict[str, Any]:
         "git": _git_commit(),
         "host": params.get("host", "local"),
         "target": target,
-        "twin": params_clock(params).is_twin,
+        "twin": twin,
         "hardware": params.get("hardware"),
-        "time_scale": params.get("time_scale") if params_clock(params).is_twin else None,
+        "time_scale": params.get("time_scale") if twin else None,
     }
 
 
