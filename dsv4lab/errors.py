@@ -19,7 +19,8 @@ The classes split by what the caller can do about them, and each carries the CLI
     │   └── CommandError            5  a command on the host failed or timed out
     ├── LaunchError                 6  the server could not be started
     │   ├── StaleServerError        6  its port is taken or reserved by another server
-    │   └── HostSetupError          6  the host lacks what the launch needs (interpreter, module, files)
+    │   ├── HostSetupError          6  the host lacks what the launch needs (interpreter, module, files)
+    │   └── SchedulerError          6  Slurm refused the job or cannot be reached (nothing was submitted)
     ├── BenchError                  7  a benchmark could not be set up, run or compared
     │   └── RemoteBenchError        7  SGLang's own benchmark failed on the host
     ├── ProfileError                8  a kernel profile could not be taken or read
@@ -59,6 +60,7 @@ __all__ = [
     "PlotError",
     "ProfileError",
     "RemoteBenchError",
+    "SchedulerError",
     "StaleServerError",
     "UnknownNameError",
     "UnsupportedFlagError",
@@ -285,6 +287,11 @@ class HostSetupError(LaunchError):
 
     Found before anything starts, so the user learns it in a second instead of from a dead server.
     """
+
+
+class SchedulerError(LaunchError):
+    """The cluster's scheduler (Slurm) refused the job, or its commands or controller cannot be reached from
+    the login host. Raised before or at submit: nothing is left queued."""
 
 
 class BenchError(DSV4LabError):

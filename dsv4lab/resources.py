@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["CAMPAIGNS", "JUPYTER_CONFIG", "NOTEBOOKS", "PACKAGE_DIR", "TEMPLATES", "__version__"]
+__all__ = ["CAMPAIGNS", "CONFIGS", "JUPYTER_CONFIG", "NOTEBOOKS", "PACKAGE_DIR", "TEMPLATES", "__version__"]
 
 #: The package's version, as ``dsv4lab --version`` and every run's ``env.json`` report it.
 __version__ = "0.1.0"
@@ -22,5 +22,8 @@ TEMPLATES = PACKAGE_DIR / "templates"
 NOTEBOOKS = PACKAGE_DIR / "notebooks"
 #: Campaign files shipped with the package (the story's ``story.toml``).
 CAMPAIGNS = PACKAGE_DIR / "campaigns"
+#: Config files shipped with the package (``vllm-cpu.toml``): a bare file name a notebook or ``--file`` gives
+#: is looked up here when it is not a file where it is run.
+CONFIGS = PACKAGE_DIR / "configs"
 #: JupyterLab settings ``dsv4lab lab`` puts first on JUPYTER_CONFIG_PATH.
 JUPYTER_CONFIG = PACKAGE_DIR / "jupyter_config"

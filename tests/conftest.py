@@ -81,9 +81,16 @@ def any_host(request: pytest.FixtureRequest) -> Host:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Campaign tests first: under pytest-xdist (--dist loadfile) their file runs on one worker, and the
-    longest file (minutes) started last would leave the other worker idle at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("campaign") is None)
+    """The longest files first: campaigns, then the files that start a real vLLM. Under pytest-xdist
+    (--dist loadfile) a file runs on one worker, and a file of minutes started last would leave the other
+    worker idle at the end."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("campaign") is not None:
+            return 0
+        return 1 if item.get_closest_marker("vllm") is not None else 2
+
+    items.sort(key=rank)
 
 
 #: How long a test's processes get to end after its teardown before they count as left behind.

@@ -28,7 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -70,6 +70,15 @@ def slurm_missing() -> list[str]:
 
 def slurm_available() -> bool:
     return not slurm_missing() and os.geteuid() == 0
+
+
+def require_slurm() -> None:
+    """Skip (locally) or fail (CI=true) without Slurm and munge, or without root for their daemons."""
+    from tests.conftest import require
+
+    missing = slurm_missing()
+    require(not missing, f"Slurm and munge (missing: {', '.join(missing)})")
+    require(os.geteuid() == 0, "root, for the private Slurm cluster's daemons")
 
 
 def cgroup_v1_freezer() -> bool:
@@ -374,11 +383,17 @@ class SlurmCluster:
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Wait until every node is idle (no jobs on it, and not down or drained)."""
 
-        def idle() -> bool:
-            states = self.node_states()
-            return all(states.get(node) == "idle" for node in self.nodes)
+        seen: dict[str, str] = {}
 
-        self._wait(idle, f"nodes {','.join(self.nodes)} idle", timeout_s)
+        def idle() -> bool:
+            seen.clear()
+            seen.update(self.node_states())
+            return all(seen.get(node) == "idle" for node in self.nodes)
+
+        try:
+            self._wait(idle, f"nodes {','.join(self.nodes)} idle", timeout_s)
+        except SlurmError as exc:
+            raise SlurmError(f"{exc}\n--- node states last seen: {seen}") from None
 
     def run(
         self, argv: Sequence[str], *, check: bool = True, timeout: float = 30, cwd: str | None = None
@@ -437,7 +452,16 @@ class SlurmCluster:
         """Ids of jobs pending, running, suspended or completing (plain ``squeue``'s default)."""
         return self.run(["squeue", "-h", "-o", "%i"]).stdout.split()
 
-    def cancel_all(self, timeout_s: float = 15.0) -> None:
+    @contextlib.contextmanager
+    def for_one_test(self) -> Iterator[SlurmCluster]:
+        """The cluster idle when a test starts, and every job it left cancelled (and the nodes idle) after."""
+        self.wait_idle()
+        try:
+            yield self
+        finally:
+            self.cancel_all()
+
+    def cancel_all(self, timeout_s: float = 45.0) -> None:
         """scancel every job and wait until none is queued or running, and the nodes are idle again."""
         self.run(["scancel", "--user", "root"], check=False)
         self._wait(lambda: not self.active_jobs(), "every job gone after scancel", timeout_s)

@@ -1,7 +1,7 @@
 """What a benchmark learns from the server before it measures — the engine, the tokenizer, the vocabulary —
 and how a run whose every request failed reads, against the stand-in speaking vLLM's endpoints.
 
-The real vLLM runs in tests/test_bench_vllm.py; these run everywhere, in seconds, and pin the parts the
+The real vLLM runs in tests/test_vllm_engine.py; these run everywhere, in seconds, and pin the parts the
 real server cannot be made to do on demand (a tokenizer that never converges, a vocabulary with holes).
 """
 

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from dsv4lab.cli.main import main
-from tests.test_faults_support import LAUNCH_TINY, alive, cli, cli_popen, wait_for, write_notebook
+from tests.test_faults_support import (
+    LAUNCH_TINY,
+    alive,
+    cli,
+    cli_popen,
+    signal_dispositions,
+    wait_for,
+    write_notebook,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +94,7 @@ def test_ctrl_c_in_the_middle_of_a_benchmark_marks_the_run_interrupted_and_keeps
     try:
         wait_for(lambda: list(reports.glob("*/benching")), "the benchmark starting", 120)
         time.sleep(1.0)
+        dispositions = signal_dispositions(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the runner and its kernel get it
         out, err = proc.communicate(timeout=120)
     finally:
@@ -93,7 +102,7 @@ def test_ctrl_c_in_the_middle_of_a_benchmark_marks_the_run_interrupted_and_keeps
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
     # Seen: "Interrupted", where the report is, exit 130.
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 130, (dispositions, err[-2000:])
     assert "Interrupted: notebook drill stopped by the user" in err
     run = _only_run(reports)
     assert out.strip().splitlines()[-1] == str(run / "report.html")

@@ -112,10 +112,33 @@ def cli(
     )
 
 
+def _as_a_terminal_job() -> None:
+    """In the child before exec: SIGINT and SIGTERM as a shell gives a foreground job (default, unblocked).
+
+    An ignored signal is inherited through exec, and Python leaves an ignored SIGINT ignored: a test worker
+    that some earlier test left ignoring it would start a runner that no Ctrl-C reaches (seen in 3 of 3 full
+    suites: the notebook ran on to the end and exited 0, while the test alone passed every time)."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def signal_dispositions(pid: int) -> str:
+    """``SigBlk``/``SigIgn`` of a process (``/proc``): what a failed Ctrl-C test shows about its target."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"(no /proc/{pid}/status: {exc})"
+    return " ".join(line.replace("\t", " ") for line in lines if line.startswith(("SigBlk", "SigIgn")))
+
+
 def cli_popen(
     args: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.Popen[str]:
-    """``python -m dsv4lab ARGS`` started in its own process group (a terminal's job: Ctrl-C reaches it all)."""
+    """``python -m dsv4lab ARGS`` started as a terminal's job: its own process group (Ctrl-C reaches it all),
+    SIGINT and SIGTERM at their defaults whatever the test worker inherited."""
     return subprocess.Popen(
         [sys.executable, "-m", "dsv4lab", *args],
         stdout=subprocess.PIPE,
@@ -124,6 +147,7 @@ def cli_popen(
         env={**os.environ, **(env or {})},
         cwd=cwd or ROOT,
         start_new_session=True,
+        preexec_fn=_as_a_terminal_job,
     )
 
 

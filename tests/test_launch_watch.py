@@ -466,3 +466,81 @@ def test_elapsed_and_phases_count_from_the_launch_when_watched_right_after(
     old = dataclasses.replace(h, started_at=h.started_at - 3600)
     again = wait_ready(old, 60, progress=False)
     assert again.verdict is Verdict.READY and again.elapsed_s < 60
+
+
+#: A "server" that logs a fatal CUDA OOM with its traceback and then does not exit, with a child of its own
+#: (vLLM's API server outlives its failed EngineCore for many seconds; a helper may hold memory).
+_FATAL_BUT_RUNNING = """#!/usr/bin/env bash
+sleep 300 &
+echo "[2026-01-01 00:00:00 TP0] Load weight begin. avail mem=95.00 GB"
+echo "Traceback (most recent call last):"
+echo '  File "/srv/model_runner.py", line 10, in init_memory_pool'
+printf '%s%s\\n' "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. " \\
+  "GPU 0 has a total capacity of 95.00 GiB of which 1.00 GiB is free."
+exec sleep 300
+"""
+
+
+def test_a_server_that_logs_its_death_but_runs_on_is_crashed_at_once_and_then_ended(
+    tmp_path: Path, handles: list[ServerHandle]
+) -> None:
+    fake = tmp_path / "python"
+    fake.write_text(_FATAL_BUT_RUNNING)
+    fake.chmod(0o755)
+    h = launch(LocalHost(), tiny(free_port()), str(tmp_path / "x"), target="sglang", python=str(fake), check=False)
+    handles.append(h)
+    started = time.monotonic()
+    r = wait_ready(h, 60, progress=False, dying_grace_s=2.0)
+    pids = _tree_pids(h)
+    assert len(pids) >= 2, pids  # still running at the verdict: the launcher, the "server", its child
+    assert r.verdict is Verdict.CRASHED and "out of memory" in r.reason.lower(), r.reason
+    # Half a second after the traceback's last line, not the whole grace after its first.
+    assert r.detected_after_s is not None and r.detected_after_s < 1.5, r.detected_after_s
+    assert time.monotonic() - started < 10
+    # It cannot serve: a moment later (the grace to exit by itself, then SIGTERM) nothing of it runs, and it
+    # was not "stopped" (no marker: a later look still says CRASHED).
+    _assert_no_orphans(pids, h.run_dir)
+    assert not h.stopped_on_purpose()
+    again = wait_ready(h, 10, progress=False)
+    assert again.verdict is Verdict.CRASHED, again.reason
+
+
+#: A "server" that binds its port only after a while (vLLM after half a minute): ``--port P`` from its argv,
+#: then Python's HTTP server on it, whose ``GET /health`` finds the file the launch dir holds.
+_LATE_BINDER = """#!/usr/bin/env bash
+port=""
+while [ $# -gt 0 ]; do case "$1" in --port) port=$2; shift 2 ;; *) shift ;; esac; done
+echo "[2026-01-01 00:00:00] Load weight begin. avail mem=95.00 GB"
+sleep 5
+echo ok > health
+exec python3 -m http.server --bind 127.0.0.1 "$port"
+"""
+
+
+def test_health_answered_by_another_process_is_not_ready(tmp_path: Path, handles: list[ServerHandle]) -> None:
+    fake = tmp_path / "python"
+    fake.write_text(_LATE_BINDER)
+    fake.chmod(0o755)
+    port = free_port()
+    h = launch(LocalHost(), tiny(port), str(tmp_path / "x"), target="sglang", python=str(fake), check=False)
+    handles.append(h)
+    # Someone else takes the port while the server has not bound it yet, and answers /health 200.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "health").write_text("ok")
+    stranger = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        cwd=other,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    threading.Timer(3.0, stranger.terminate).start()
+    try:
+        r = wait_ready(h, 60, progress=False, health_every_s=0.5)
+    finally:
+        stranger.terminate()
+        stranger.wait(timeout=10)
+    # READY only once the server itself answers (after its 5 s), never from the stranger's answer.
+    assert r.verdict is Verdict.READY and r.elapsed_s >= 4.5, (r.verdict, r.elapsed_s, r.reason)
+    log = Path(h.run_dir, "server.log").read_text()
+    assert "Load weight begin" in log

@@ -20,6 +20,7 @@ import pytest
 from dsv4lab.config.vllm_config import VllmConfig, VllmSpeculativeConfig
 from dsv4lab.config.vllm_launch import render_vllm_argv
 from dsv4lab.config.vllm_releases import resolve_vllm_release
+from dsv4lab.resources import CONFIGS
 from tests.conftest import require
 
 #: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
@@ -93,6 +94,9 @@ def accepted_configs() -> dict[str, VllmConfig]:
         "graphs: sizes and largest": base.replace(cudagraph_capture_sizes=(1, 2, 4, 16), max_cudagraph_capture_size=16),
         "graphs: one size": base.replace(cudagraph_capture_sizes=(8,)),
     }
+    # The configs dsv4lab ships (the real-engine campaign's baseline), as the notebooks launch them.
+    for shipped in sorted(CONFIGS.glob("*.toml")):
+        cases[f"shipped {shipped.name}"] = VllmConfig.from_toml(shipped.read_text()).replace(model_path="/m/model")
     return cases
 
 

@@ -8,7 +8,6 @@ these skip locally and fail under CI=true (``tools/slurm_install.sh`` installs i
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import socket
 import time
@@ -19,8 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import require
-from tests.slurmcluster import SlurmCluster, free_ports, slurm_missing
+from tests.slurmcluster import SlurmCluster, free_ports, require_slurm
 from tests.sshd import SSHD
 
 #: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
@@ -34,13 +32,6 @@ REFUSED_PARTITION = (
 REFUSED_TIME = (
     "sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or exceeds some limit)"
 )
-
-
-def require_slurm() -> None:
-    """Skip (locally) or fail (CI=true) without Slurm and munge, or without root for their daemons."""
-    missing = slurm_missing()
-    require(not missing, f"Slurm and munge (missing: {', '.join(missing)})")
-    require(os.geteuid() == 0, "root, for the private Slurm cluster's daemons")
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +53,8 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster
 @pytest.fixture
 def cluster(one_node: SlurmCluster) -> Iterator[SlurmCluster]:
     """The one-node cluster, idle at the start of the test and again after it."""
-    one_node.wait_idle()
-    yield one_node
-    one_node.cancel_all()
+    with one_node.for_one_test():
+        yield one_node
 
 
 def unique_seconds() -> int:
@@ -251,20 +241,13 @@ def test_scancel_shows_cancelled(cluster: SlurmCluster) -> None:
     cluster.wait_state(job, ["RUNNING"])
     cluster.run(["scancel", job])
     fields = cluster.wait_state(job, ["CANCELLED"], timeout_s=15)
-    assert (fields["Reason"], fields["ExitCode"], fields["NodeList"], fields["TimeLimit"]) == (
-        "None",
-        "0:15",
-        "localhost",
-        "00:10:00",
-    )
+    assert (fields["Reason"], fields["NodeList"], fields["TimeLimit"]) == ("None", "localhost", "00:10:00")
+    # SIGTERM ends it (0:15); on a loaded machine the step may not be gone within KillWait and gets SIGKILL (0:9).
+    assert fields["ExitCode"] in ("0:15", "0:9"), fields["ExitCode"]
     assert fields["EndTime"] != "Unknown"
     record = next(j for j in cluster.squeue_json() if str(j["job_id"]) == job)
-    assert (record["job_state"], record["state_reason"], record["exit_code"], record["time_limit"]) == (
-        "CANCELLED",
-        "None",
-        15,
-        10,  # minutes
-    )
+    assert (record["job_state"], record["state_reason"], record["time_limit"]) == ("CANCELLED", "None", 10)  # minutes
+    assert record["exit_code"] in (15, 9)
     assert isinstance(record["start_time"], int) and isinstance(record["end_time"], int)
     assert f"*** JOB {job} ON localhost CANCELLED AT " in (cluster.directory / "cancel.out").read_text()
     # Plain squeue forgets it at once; -t all still lists it until MinJobAge.
@@ -272,19 +255,8 @@ def test_scancel_shows_cancelled(cluster: SlurmCluster) -> None:
     assert cluster.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"]).stdout.strip() == "CANCELLED"
 
 
-@pytest.mark.slow
-def test_job_past_its_time_limit_times_out(cluster: SlurmCluster) -> None:
-    """A 1-minute job: slurmctld checks time limits every 30 s, so TIMEOUT comes 60-90 s after the start
-    (plus KillWait for a job that ignores SIGTERM)."""
-    out = cluster.directory / "timeout.out"
-    job = cluster.sbatch("-p", "short", "-t", "1", "-o", str(out), "--wrap", "sleep 300")
-    cluster.wait_state(job, ["RUNNING"])
-    started = time.monotonic()
-    fields = cluster.wait_state(job, ["TIMEOUT", "FAILED", "CANCELLED", "COMPLETED"], timeout_s=90 + 30)
-    took = time.monotonic() - started
-    assert (fields["JobState"], fields["Reason"]) == ("TIMEOUT", "TimeLimit")
-    assert 55 <= took <= 90 + cluster.kill_wait_s + 10, took
-    assert " DUE TO TIME LIMIT ***" in out.read_text()
+# A job past its time limit (TIMEOUT, Reason=TimeLimit, "DUE TO TIME LIMIT" in its output, 60-90 s after its
+# start) is tested through the lab: test_slurm_launch.py::test_a_job_past_its_time_limit_is_a_timeout_in_the_verdict.
 
 
 # ---- what outlives a job -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from tests.sshd import SSHD
 from tests.test_kernel_interrupt import BACK_WITHIN_S
 from tests.vllmserver import HELPERS, VENV, gone, make_tiny_model, roles, vllm_available
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS = "gpubox"

@@ -420,16 +420,18 @@ def test_vllm_engine_refuses_on_a_cpu_host_only() -> None:
 
     engine = get_engine("vllm")
     config = _cpu_config(env={"VLLM_CPU_KVCACHE_SPACE": "64"})
+    prediction = engine.predict_on_host(config, "0.32.0", _Facts(_host(), _tiny()))
+    assert prediction is not None and not prediction.fits
     with pytest.raises(ConfigError, match="VLLM_CPU_KVCACHE_SPACE='64' is not valid") as refused:
-        engine.check_on_host(config, "0.32.0", _Facts(_host(), _tiny()))
+        raise prediction.refusal()
     assert refused.value.field == "env.VLLM_CPU_KVCACHE_SPACE"
     # A GPU host: the split depends on what vLLM measures there, so no refusal on estimates (and no model read).
     gpu = _Facts(HostMemory("gpubox", 64 * GIB, 60 * GIB, gpus=8), _tiny())
-    engine.check_on_host(config, "0.32.0", gpu)
+    assert engine.predict_on_host(config, "0.32.0", gpu) is None
     assert gpu.asked == ["memory"]
     # The other engines read nothing.
     sglang = _Facts(_host(), None)
-    get_engine("sglang").check_on_host(object(), "0.5.23", sglang)
+    assert get_engine("sglang").predict_on_host(object(), "0.5.23", sglang) is None
     assert sglang.asked == []
 
 

@@ -58,7 +58,8 @@ class VLLMServer:
     served_name: str
     vocab_size: int
     log_path: Path
-    proc: subprocess.Popen[bytes]
+    #: The process tests started it as (None: a server ``dsv4lab launch`` started).
+    proc: subprocess.Popen[bytes] | None = None
 
     def get(self, path: str, timeout_s: float = 10.0) -> bytes:
         with urllib.request.urlopen(self.url + path, timeout=timeout_s) as resp:  # noqa: S310 (127.0.0.1)
@@ -156,7 +157,7 @@ def stop_group(proc: subprocess.Popen[bytes], *, grace_s: float = 20.0) -> None:
 def _wait_ready(server: VLLMServer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
+        if server.proc is not None and server.proc.poll() is not None:
             raise RuntimeError(f"vLLM exited with {server.proc.returncode} during start-up:\n{server.log_tail()}")
         with contextlib.suppress(OSError, urllib.error.URLError):
             server.get("/health", timeout_s=2.0)

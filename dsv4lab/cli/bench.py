@@ -96,7 +96,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
             if port is not None and port != target.handle.port:
                 raise ConfigError("--port", port, f"the run's own port ({target.handle.port}) or none")
             port = target.handle.port
-        target.forward = host.forward(int(port))
+        target.forward = target.handle.forward() if target.handle is not None else host.forward(int(port))
         target.url = target.forward.url
     except BaseException:
         target.close()

@@ -205,6 +205,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     args.twin = engine.rehearsal
     config = _config_from_args(args, engine)
     _check_twin_options(args)
+    placement = _placement_from_args(args)
     host = _host_from_args(args)
     twin_env = {"DSV4LAB_TWIN_HARDWARE": args.hardware} if args.twin else None
     if args.twin and args.time_scale is not None:
@@ -222,13 +223,42 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         python=args.python,
         twin_env=twin_env,
         replace_stale=args.replace_stale,
+        placement=placement,
     )
     if args.json:
         print(json.dumps(handle.to_dict(), indent=2))
+    elif placement is not None:
+        job = handle.extra["slurm"]["job_id"]
+        print(f"submitted {handle.target} to Slurm via {host.name}: job {job} ({placement.words()})")
+        print(f"run dir {handle.run_dir}")
     else:
         print(f"started {handle.target} on {host.name}: launcher PID {handle.launcher_pid}, run dir {handle.run_dir}")
         print(f"next: dsv4lab watch {handle.run_dir}" + (f" --host {args.host}" if args.host else ""))
     return 0
+
+
+def _placement_from_args(args: argparse.Namespace) -> Any:
+    """A Slurm placement when any ``--slurm-*`` or ``--sbatch-arg`` option is given (``SLURM_CONF`` from the
+    environment, passed to the Slurm commands on the login host); None for a launch on the host itself."""
+    import os
+
+    from dsv4lab.serving.slurm import SlurmPlacement
+
+    given = [args.slurm_partition, args.slurm_gpus, args.slurm_time, args.slurm_nodes, args.slurm_account]
+    given += [args.slurm_qos, args.slurm_constraint, *(args.sbatch_arg or [])]
+    if all(v is None for v in given):
+        return None
+    return SlurmPlacement(
+        partition=args.slurm_partition,
+        gpus_per_node=8 if args.slurm_gpus is None else args.slurm_gpus,
+        time_min=60 if args.slurm_time is None else args.slurm_time,
+        nodes=1 if args.slurm_nodes is None else args.slurm_nodes,
+        account=args.slurm_account,
+        qos=args.slurm_qos,
+        constraint=args.slurm_constraint,
+        sbatch_args=tuple(args.sbatch_arg or ()),
+        slurm_conf=os.environ.get("SLURM_CONF") or None,
+    )
 
 
 def _engine_from_args(args: argparse.Namespace) -> Engine:
@@ -323,6 +353,11 @@ def _cmd_ps(args: argparse.Namespace) -> int:
             h = attach(host, run_dir)
         except DSV4LabError as exc:
             rows.append(f"{run_dir}  ?  {exc}")
+            continue
+        job = h.job()
+        if job is not None:
+            state = f"{job.state} ({job.reason_words()})" if job.pending else job.state
+            rows.append(f"{run_dir}  {h.target:<6}  port {h.port:<5}  slurm job {job.job_id:<7}  {state}")
             continue
         alive = h.is_alive()
         status = "running" if alive else f"exited {h.exit_status()}"
@@ -488,6 +523,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         run_predicted_oom=args.run_predicted_oom,
         execution_timeout_s=args.timeout,
         trust_host_key=args.trust_host_key,
+        slurm=_placement_from_args(args),
+        max_parallel=args.max_parallel,
     )
     print(result.text_table())
     print(result.index)
@@ -638,7 +675,24 @@ def _launch_verb(verbs: _Verbs) -> None:
     )
     la.add_argument("--replace-stale", action="store_true", help="kill a server already holding the port")
     la.add_argument("--json", action="store_true")
+    _add_slurm_options(la)
     la.set_defaults(func=_cmd_launch)
+
+
+def _add_slurm_options(p: argparse.ArgumentParser) -> None:
+    """The job shape of a launch on a Slurm cluster (``--host`` is then its login host; ``SLURM_CONF`` from the
+    environment is passed to the Slurm commands there)."""
+    g = p.add_argument_group("Slurm (submit the launch as a batch job; --host is the login host)")
+    g.add_argument("--slurm-partition", default=None, help="partition (default: the cluster's default)")
+    g.add_argument("--slurm-gpus", type=int, default=None, help="GPUs per node (--gres=gpu:N; default 8)")
+    g.add_argument("--slurm-time", type=int, default=None, help="time limit in whole minutes (default 60)")
+    g.add_argument("--slurm-nodes", type=int, default=None, help="nodes (default 1)")
+    g.add_argument("--slurm-account", default=None, help="account to charge")
+    g.add_argument("--slurm-qos", default=None, help="quality of service")
+    g.add_argument("--slurm-constraint", default=None, help="node features the job needs")
+    g.add_argument(
+        "--sbatch-arg", action="append", default=None, metavar="ARG", help="one more sbatch option, as --opt=value"
+    )
 
 
 def _watch_verb(verbs: _Verbs) -> None:
@@ -647,7 +701,11 @@ def _watch_verb(verbs: _Verbs) -> None:
     add_host_options(wa)
     wa.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for READY")
     wa.add_argument("--stall-after", type=float, default=300.0, help="seconds without a log line = STALLED")
-    wa.add_argument("--keep-running", action="store_true", help="leave the server running on Ctrl-C")
+    wa.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave the server running on Ctrl-C, and after a fatal error it logged while still running",
+    )
     wa.add_argument("--json", action="store_true", help="print one JSON object")
     wa.set_defaults(func=_cmd_watch)
 
@@ -697,6 +755,10 @@ def _sweep_verb(verbs: _Verbs) -> None:
     _add_notebook_options(sw, help_p="a parameter; comma-separated values are swept (config fields go to overrides)")
     sw.add_argument("--points", default=None, help="a TOML file of [[point]] tables to run instead of a grid")
     sw.add_argument("--run-predicted-oom", action="store_true", help="also run points the memory model says OOM")
+    sw.add_argument(
+        "--max-parallel", type=int, default=1, help="points at once (more than 1 needs --slurm-*: Slurm places them)"
+    )
+    _add_slurm_options(sw)
     sw.set_defaults(func=_cmd_sweep)
 
 

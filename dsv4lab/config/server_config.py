@@ -406,11 +406,16 @@ class ServerConfig:
     def from_json(cls, text: str) -> ServerConfig:
         return cls.from_dict(_fields.data_from_json(text))
 
+    def flat(self) -> dict[str, Any]:
+        """Every setting under its dotted name (``speculative.num_steps``, ``env.NCCL_PROTO``): what
+        :func:`diff` compares, for this config type and vLLM's alike."""
+        return _fields.flatten(self, _NESTED)
+
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
         from dsv4lab.secrets import collect_secrets, redact_data
 
-        shown = redact_data(_flatten(self), collect_secrets(self))  # a notebook output: no token in it
+        shown = redact_data(self.flat(), collect_secrets(self))  # a notebook output: no token in it
         rows = [{"field": k, "value": _fmt(v), "meaning": field_help(k)} for k, v in shown.items()]
         return hv.card(f"server config ({self.name})", hv.table(rows, max_rows=12))
 
@@ -485,9 +490,14 @@ class ConfigDiff:
         return hv.card("config diff", hv.table(rows))
 
 
-def diff(a: ServerConfig, b: ServerConfig) -> ConfigDiff:
-    """Field-by-field differences, nested settings flattened to dotted names."""
-    fa, fb = _flatten(a), _flatten(b)
+def diff(a: Any, b: Any) -> ConfigDiff:
+    """Field-by-field differences of two configs of one engine (two ServerConfigs, or two VllmConfigs),
+    nested settings flattened to dotted names."""
+    if type(a) is not type(b) or not hasattr(a, "flat"):
+        raise ConfigError(
+            "b", type(b).__name__, f"a config of the same type as a ({type(a).__name__}): configs of one engine"
+        )
+    fa, fb = a.flat(), b.flat()
     keys = list(fa) + [k for k in fb if k not in fa]
     return ConfigDiff(tuple(ConfigChange(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)))
 
@@ -564,7 +574,3 @@ def _owned_flags() -> Mapping[str, str]:
     from dsv4lab.config.versions import flags_owned_by_fields  # local: versions is loaded only when needed
 
     return flags_owned_by_fields()
-
-
-def _flatten(config: ServerConfig) -> dict[str, Any]:
-    return _fields.flatten(config, _NESTED)

@@ -321,11 +321,15 @@ class VllmConfig:
     def from_json(cls, text: str) -> VllmConfig:
         return cls.from_dict(_fields.data_from_json(text))
 
+    def flat(self) -> dict[str, Any]:
+        """Every setting under its dotted name (``speculative.method``, ``env.VLLM_CPU_KVCACHE_SPACE``)."""
+        return _fields.flatten(self, _NESTED)
+
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
         from dsv4lab.secrets import collect_secrets, redact_data
 
-        shown = redact_data(_fields.flatten(self, _NESTED), collect_secrets(self))  # a notebook output: no token
+        shown = redact_data(self.flat(), collect_secrets(self))  # a notebook output: no token
         rows = [{"field": k, "value": _fields.fmt(v), "meaning": field_help(k)} for k, v in shown.items()]
         return hv.card(f"vLLM config ({self.name})", hv.table(rows, max_rows=12))
 

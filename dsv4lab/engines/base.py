@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from dsv4lab.config.hardware import HardwareProfile
 from dsv4lab.logs import Diagnosis, diagnose
 from dsv4lab.units import REAL, Clock
 
@@ -80,9 +81,11 @@ class Engine(ABC):
         """Raise for what would make the launch fail at once (a flag the release lacks, a redacted secret,
         the twin's refusals), before anything is written on the host."""
 
-    def check_on_host(self, config: Any, version: str, facts: HostFacts) -> None:  # noqa: B027 - optional
-        """Raise for what the server host's own resources would make fail (its memory), read through
-        ``facts``; by default nothing is checked, so an engine that predicts nothing costs no remote read."""
+    def predict_on_host(self, config: Any, version: str, facts: HostFacts) -> Any | None:
+        """The memory prediction a launch on this host is checked against (it has ``fits``, ``refusal()``
+        and ``to_dict()``), read through ``facts``; None where the engine predicts nothing from the host
+        itself (by default: then nothing is read, so an engine that predicts nothing costs no remote read)."""
+        return None
 
     @abstractmethod
     def launch_script(
@@ -104,6 +107,26 @@ class Engine(ABC):
         """A preset name, a ``.toml``/``.json`` path or a config of this engine's type, with field
         overrides (values or their text): checked, nothing written. ``arg`` is the argument a bad value is
         reported under."""
+
+    @abstractmethod
+    def field_names(self) -> Sequence[str]:
+        """Every settable name of this engine's config, nested ones dotted: what ``--set`` and a
+        comparison's keyword changes may name."""
+
+    def gpus_per_node(self, config: Any) -> int:
+        """The GPUs the server uses on each node it runs on: what a Slurm job must ask for at least."""
+        return 1
+
+    def check_plan(self, config: Any, version: str, hardware: HardwareProfile) -> None:
+        """Raise for a config that cannot run as planned on ``hardware`` (what a notebook runner refuses
+        before a kernel starts): by default what :meth:`check` refuses."""
+        self.check(config, version, None)
+
+    @abstractmethod
+    def preflight(self, config: Any, version: str, *, hardware: HardwareProfile, facts: HostFacts) -> Any:
+        """The memory model's prediction for ``config``: an object that shows itself, with ``fits``,
+        ``explain()`` and ``to_dict()``. ``facts`` reads the server host (its memory) only when the engine's
+        model needs it."""
 
     def diagnose(self, log: Any, *, hardware: Any = None, version: str | None = None) -> Diagnosis:
         """What the server's log says went wrong (the log reading alone; an engine with a memory model adds

@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dsv4lab.config.hardware import HardwareProfile
 from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script
 from dsv4lab.config.presets import PRESETS
 from dsv4lab.config.presets import preset as preset_config
-from dsv4lab.config.server_config import ServerConfig, load
+from dsv4lab.config.server_config import ServerConfig, field_names, load
 from dsv4lab.config.versions import RELEASES, resolve_release
-from dsv4lab.engines.base import Engine
+from dsv4lab.engines.base import Engine, HostFacts
 from dsv4lab.errors import ConfigError, UnknownNameError
 from dsv4lab.logs import Diagnosis
 
+if TYPE_CHECKING:
+    from dsv4lab.model.memory import Preflight
+
 __all__ = ["SGLangEngine", "as_server_config"]
+
+
+class _NoFacts:
+    """SGLang's model reads the hardware profile, never the host: a plan check has nothing to ask."""
+
+    def memory(self) -> Any:
+        raise AssertionError("SGLang's preflight does not read the host")
+
+    def model_facts(self, model_path: str, env: Mapping[str, str]) -> Any:
+        raise AssertionError("SGLang's preflight does not read the host")
+
+
+_NO_FACTS = _NoFacts()
 
 
 def as_server_config(config: Any, engine: str) -> ServerConfig:
@@ -63,6 +80,27 @@ class SGLangEngine(Engine):
         else:
             raise ConfigError(arg, config, "a preset name, a .toml/.json file, or a ServerConfig")
         return cfg.with_values(overrides) if overrides else cfg
+
+    def field_names(self) -> Sequence[str]:
+        return field_names()
+
+    def gpus_per_node(self, config: Any) -> int:
+        # DP attention shares the tensor-parallel GPUs; plain DP runs tp GPUs per replica.
+        shared = "--enable-dp-attention" in config.extra_args
+        world = config.tp if shared else config.tp * config.dp
+        return max(1, int(world) // max(1, int(config.nnodes)))
+
+    def check_plan(self, config: Any, version: str, hardware: HardwareProfile) -> None:
+        """SGLang's memory model refuses what cannot run on ``hardware`` at all (``tp=3`` on a 128-head
+        model, more GPUs than it has), besides the flags the release lacks."""
+        self.check(config, version, None)
+        self.preflight(config, version, hardware=hardware, facts=_NO_FACTS)
+
+    def preflight(self, config: Any, version: str, *, hardware: HardwareProfile, facts: HostFacts) -> Preflight:
+        """SGLang's split of every GPU of the ``hardware`` profile (the host itself is not read)."""
+        from dsv4lab.model.memory import preflight
+
+        return preflight(as_server_config(config, self.name), hardware, sglang_version=version)
 
     def diagnose(self, log: Any, *, hardware: Any = None, version: str | None = None) -> Diagnosis:
         """The log reading plus the SGLang memory model's arithmetic for the OOMs it can model."""

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dsv4lab.config.hardware import HardwareProfile
 from dsv4lab.config.launch_script import render_env_file, render_script
-from dsv4lab.config.vllm_config import VllmConfig
+from dsv4lab.config.vllm_config import VllmConfig, field_names
 from dsv4lab.config.vllm_launch import render_vllm_argv, render_vllm_env, vllm_server_command
 from dsv4lab.config.vllm_releases import VLLM_RELEASES, resolve_vllm_release
 from dsv4lab.engines.base import Engine, HostFacts, SmiSpec
 from dsv4lab.errors import ConfigError
+from dsv4lab.resources import CONFIGS
+
+if TYPE_CHECKING:
+    from dsv4lab.model.vllm_memory import HostMemory, VllmPreflight
 
 __all__ = ["HOST_MEMORY_SAMPLER", "VllmEngine"]
 
@@ -51,14 +56,20 @@ done
 
 
 def _load(path: str) -> VllmConfig:
-    """A VllmConfig from a ``.toml`` or ``.json`` file (its ``to_toml`` / ``to_json`` form)."""
-    p = Path(path)
+    """A VllmConfig from a ``.toml`` or ``.json`` file (its ``to_toml`` / ``to_json`` form); a bare name that
+    is not a file here is one of the configs shipped with dsv4lab (``vllm-cpu.toml``)."""
+    p = Path(path).expanduser()
     if p.suffix not in (".toml", ".json"):
         raise ConfigError("--file", path, "a file name ending in .toml or .json")
+    if not p.exists() and p.name == path and (CONFIGS / path).is_file():
+        p = CONFIGS / path
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("--file", path, "a readable UTF-8 .toml or .json file", detail=str(exc)) from exc
+        shipped = ", ".join(sorted(f.name for f in CONFIGS.glob("*.toml")))
+        raise ConfigError(
+            "--file", path, f"a readable UTF-8 .toml or .json file, or a shipped one ({shipped})", detail=str(exc)
+        ) from exc
     return VllmConfig.from_toml(text) if p.suffix == ".toml" else VllmConfig.from_json(text)
 
 
@@ -129,22 +140,41 @@ class VllmEngine(Engine):
         render_vllm_env(cfg)  # a redacted secret is refused here
         render_vllm_argv(cfg, version)  # and a flag or value the release lacks
 
-    def check_on_host(self, config: Any, version: str, facts: HostFacts) -> None:
-        """Refuse a launch the memory preflight predicts to fail on a host without GPUs (vLLM's CPU build):
-        a KV space the host's memory node cannot hold, or one that cannot hold a ``max_model_len`` request.
-        Both would otherwise be found after a minute of startup. On a GPU host the split depends on figures
-        vLLM measures (activation, graph pools), so the launch is not refused on estimates; ``dsv4lab
-        preflight --engine vllm --hardware PROFILE`` shows them."""
+    def gpus_per_node(self, config: Any) -> int:
+        return int(config.tensor_parallel_size) * int(config.pipeline_parallel_size)
+
+    def field_names(self) -> Sequence[str]:
+        return field_names()
+
+    def preflight(self, config: Any, version: str, *, hardware: HardwareProfile, facts: HostFacts) -> VllmPreflight:
+        """On a host without GPUs (vLLM's CPU build), from that host's memory node and the model's
+        config.json there; on a GPU host, the split of the ``hardware`` profile."""
         from dsv4lab.model.vllm_memory import vllm_preflight
 
         cfg = _vllm_config(config)
         memory = facts.memory()
         if memory.gpus:
-            return
+            return vllm_preflight(cfg, hardware=hardware, vllm_version=version)
+        return self._cpu_preflight(cfg, version, memory, facts)
+
+    def predict_on_host(self, config: Any, version: str, facts: HostFacts) -> VllmPreflight | None:
+        """On a host without GPUs (vLLM's CPU build), the preflight a launch is refused on: a KV space the
+        host's memory node cannot hold, or one that cannot hold a ``max_model_len`` request, would otherwise
+        be found after a minute of startup. On a GPU host the split depends on figures vLLM measures
+        (activation, graph pools), so there is no prediction to refuse on (None); ``dsv4lab preflight
+        --engine vllm --hardware PROFILE`` shows the estimates."""
+        cfg = _vllm_config(config)
+        memory = facts.memory()
+        if memory.gpus:
+            return None
+        return self._cpu_preflight(cfg, version, memory, facts)
+
+    @staticmethod
+    def _cpu_preflight(cfg: VllmConfig, version: str, memory: HostMemory, facts: HostFacts) -> VllmPreflight:
+        from dsv4lab.model.vllm_memory import vllm_preflight
+
         model = facts.model_facts(cfg.model_path, cfg.env)
-        prediction = vllm_preflight(cfg, memory, model=model, vllm_version=version, model_from_path=False)
-        if not prediction.fits:
-            raise prediction.refusal()
+        return vllm_preflight(cfg, memory, model=model, vllm_version=version, model_from_path=False)
 
     def launch_script(
         self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None

@@ -232,10 +232,13 @@ class PortForward:
     local_port: int
     remote_port: int
     _closer: object = field(default=None, repr=False)
+    #: Where the local port is reached: this machine's loopback, or the address itself when the host is this
+    #: machine and the port is another machine's.
+    local_address: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.local_port}"
+        return f"http://{self.local_address}:{self.local_port}"
 
     def close(self) -> None:
         closer = self._closer
@@ -364,8 +367,9 @@ class Host(ABC):
         """Stream new lines of ``path`` from ``from_offset`` (the file may not exist yet)."""
 
     @abstractmethod
-    def forward(self, remote_port: int) -> PortForward:
-        """A local port reaching ``remote_port`` on the host's loopback."""
+    def forward(self, remote_port: int, *, address: str = "127.0.0.1") -> PortForward:
+        """A local port reaching ``remote_port`` on the host's loopback, or on ``address`` as the host sees it
+        (a cluster node, from its login host)."""
 
     def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
         """Run ``argv`` on the host and stream its stdout lines over one channel until closed.

@@ -84,9 +84,10 @@ class LocalHost(Host):
     def follow(self, path: str, from_offset: int = 0) -> Follower:
         return _LocalFollower(self._path(path), from_offset)
 
-    def forward(self, remote_port: int) -> PortForward:
+    def forward(self, remote_port: int, *, address: str = "127.0.0.1") -> PortForward:
         """The host is this machine: the port is reachable as it is."""
-        return PortForward(local_port=remote_port, remote_port=remote_port)
+        local = "127.0.0.1" if address in ("localhost", "127.0.0.1") else address
+        return PortForward(local_port=remote_port, remote_port=remote_port, local_address=local)
 
     def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
         return _LocalStream(argv, env)

@@ -526,6 +526,6 @@ class SSHHost(Host):
     def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
         return SSHStream(self, argv, env)
 
-    def forward(self, remote_port: int) -> PortForward:
-        fwd = SSHForwarder(self, remote_port)
+    def forward(self, remote_port: int, *, address: str = "127.0.0.1") -> PortForward:
+        fwd = SSHForwarder(self, remote_port, address=address)
         return PortForward(local_port=fwd.local_port, remote_port=remote_port, _closer=fwd)

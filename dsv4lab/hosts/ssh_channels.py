@@ -153,15 +153,17 @@ class SSHStream(LineStream):
 
 
 class SSHForwarder:
-    """A local listening socket whose connections are tunnelled to the host's loopback port.
+    """A local listening socket whose connections are tunnelled to the host's loopback port (or to ``address``
+    as the host sees it: a cluster node's port, through its login host).
 
     The listening socket outlives dropped connections: every accepted connection asks the host for a
     channel, and the host re-opens a dead connection first, so a client that retries gets through.
     """
 
-    def __init__(self, host: ChannelSource, remote_port: int) -> None:
+    def __init__(self, host: ChannelSource, remote_port: int, *, address: str = "127.0.0.1") -> None:
         self._host = host
         self._remote_port = remote_port
+        self._address = address
         self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._server.bind(("127.0.0.1", 0))
@@ -187,7 +189,7 @@ class SSHForwarder:
             chan = self._host.open_channel(
                 f"forward port {self._remote_port}",
                 kind="direct-tcpip",
-                dest=("127.0.0.1", self._remote_port),
+                dest=(self._address, self._remote_port),
                 src=addr,
             )
         except HostConnectionError:

@@ -18,6 +18,7 @@ from dsv4lab.counts import plural
 from dsv4lab.logs.events import Engine, ErrorKind, OomFigures, Phase
 from dsv4lab.logs.patterns import VLLM_FREE_ON_START as _FREE_ON_START
 from dsv4lab.logs.patterns import VLLM_KV_SPACE as _KV_SPACE
+from dsv4lab.logs.patterns import VLLM_MAX_SEQ_LEN as _MAX_SEQ_LEN
 
 __all__ = ["Fix", "MemoryFacts", "fixes_for"]
 
@@ -191,11 +192,47 @@ def _raise_fraction(m: MemoryFacts, message: str, engine: Engine | None) -> Fix:
     return Fix(f"--mem-fraction-static {new:.2f}", why)
 
 
-def _more_gpus(m: MemoryFacts, what: str) -> Fix:
+def _more_gpus(m: MemoryFacts, what: str, engine: Engine | None = None) -> Fix:
     tp = m.tp or 1
     w = f" ({m.weights:.1f} GiB per GPU now)" if m.weights else ""
     why = f"Splitting the weights over {plural(tp * 2, 'GPU')} halves them per GPU{w}; {what}"
-    return Fix(f"--tp-size {tp * 2}", why)
+    flag = "--tensor-parallel-size" if engine is Engine.VLLM else "--tp-size"
+    return Fix(f"{flag} {tp * 2}", why)
+
+
+def _vllm_max_seq_len_fixes(m: MemoryFacts, message: str) -> list[Fix] | None:
+    """vLLM's refusal of a KV cache too small for one ``max_model_len`` request: its own estimate of the
+    longest context that fits first, then a KV space that serves the asked one; None for other refusals."""
+    seq = _MAX_SEQ_LEN.search(message)
+    if seq is None:
+        return None
+    length, need, have = int(seq["len"]), float(seq["need"]), float(seq["have"])
+    fixes: list[Fix] = []
+    if seq["est"]:
+        est = int(seq["est"])
+        fixes.append(
+            Fix(
+                f"--max-model-len {est}",
+                f"vLLM's own estimate: the longest context whose KV blocks fit in the {have:.2f} GiB it has; one "
+                f"request of {length:,} tokens needs {need:.2f} GiB.",
+            )
+        )
+    space = math.ceil(need + 0.01)
+    fixes.append(
+        Fix(
+            f"VLLM_CPU_KVCACHE_SPACE={space} on the CPU backend (a higher --gpu-memory-utilization on a GPU)",
+            f"Keeps max_model_len {length:,}: the KV cache needs {need:.2f} GiB for one request and has {have:.2f}; "
+            "on a CPU host it is VLLM_CPU_KVCACHE_SPACE (whole GiB) that sizes it.",
+        )
+    )
+    if not (m.kv_dtype or "").startswith("fp8"):
+        fixes.append(
+            Fix(
+                "--kv-cache-dtype fp8",
+                "An FP8 KV cache halves bytes per token, so the same space holds about twice the context.",
+            )
+        )
+    return fixes
 
 
 def _memory_fixes(
@@ -221,6 +258,10 @@ def _memory_fixes(
             )
         )
         return fixes
+    if kind is ErrorKind.KV_BUDGET and vllm:
+        seq_fixes = _vllm_max_seq_len_fixes(m, message)
+        if seq_fixes is not None:
+            return seq_fixes
     if kind is ErrorKind.KV_BUDGET:
         fixes.append(_raise_fraction(m, message, engine))
         ctx = f" ({m.context} tokens now)" if m.context else ""
@@ -238,7 +279,7 @@ def _memory_fixes(
                     "An FP8 KV cache halves bytes per token, so the same budget holds about twice the tokens.",
                 )
             )
-        fixes.append(_more_gpus(m, "the KV budget grows by what the weights give back."))
+        fixes.append(_more_gpus(m, "the KV budget grows by what the weights give back.", engine))
         return fixes
     if kind is ErrorKind.FREE_MEMORY:
         m_free = _FREE_ON_START.search(message)
@@ -310,7 +351,7 @@ def _memory_fixes(
         )
         return fixes
     if phase is Phase.WEIGHT_LOADING:
-        fixes.append(_more_gpus(m, "the weights no longer have to fit in one GPU's free memory."))
+        fixes.append(_more_gpus(m, "the weights no longer have to fit in one GPU's free memory.", engine))
         if m.total is not None and m.pre is not None and m.total - m.pre > 2:
             fixes.append(
                 Fix(
@@ -323,7 +364,7 @@ def _memory_fixes(
         return fixes
     if phase is Phase.KV_CACHE_ALLOC:
         fixes.append(_lower_fraction(m, oom) if not vllm else _raise_fraction(m, message, engine))
-        fixes.append(_more_gpus(m, "more room for everything else."))
+        fixes.append(_more_gpus(m, "more room for everything else.", engine))
         return fixes
     # Warmup / serving / unknown: activations ran out of headroom.
     head = f" (available_gpu_mem was {m.runtime_headroom:.2f} GiB after startup)" if m.runtime_headroom else ""

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 from enum import Enum
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas costs 2.5 s to import: every CLI verb imports this package, few draw a frame
+    import pandas as pd
 
 from dsv4lab.logs.events import (
     Capacity,
@@ -75,6 +76,8 @@ def _row(ev: Event) -> dict[str, Any]:
 
 
 def _frame(rows: list[dict[str, Any]], first: tuple[str, ...]) -> pd.DataFrame:
+    import pandas as pd
+
     df: pd.DataFrame = pd.DataFrame.from_records(rows)
     if df.empty:
         empty: pd.DataFrame = pd.DataFrame(columns=list(first))

@@ -272,6 +272,14 @@ VLLM_KV_SPACE = re.compile(
     r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on kv cache allocation is less than requested "
     r"memory for kv \(([\d.]+)"
 )
+#: vLLM's refusal of a KV cache that cannot hold one request of ``max_model_len`` tokens (V1's
+#: ``_check_enough_kv_cache_memory``): the length, the GiB one request needs, the GiB there are, and vLLM's
+#: estimate of the longest length that fits when it gives one.
+VLLM_MAX_SEQ_LEN = re.compile(
+    r"max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than the available KV "
+    r"cache memory \((?P<have>[\d.]+) GiB\)(?:.*?estimated maximum model length is (?P<est>\d+))?",
+    re.DOTALL,
+)
 #: vLLM's wrappers name the worker method that raised: V0 multiproc and Ray workers.
 METHOD = re.compile(r"(?:while processing method|[Ee]rror executing method) '?(\w+)'?")
 VLLM_STATS = re.compile(

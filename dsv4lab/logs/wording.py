@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dsv4lab.logs.events import Engine, ErrorEvent, ErrorKind, OomFigures, Phase
 from dsv4lab.logs.fixes import MemoryFacts
-from dsv4lab.logs.patterns import VLLM_KV_SPACE
+from dsv4lab.logs.patterns import VLLM_KV_SPACE, VLLM_MAX_SEQ_LEN
 from dsv4lab.logs.state import RunState
 
 __all__ = ["PHASE_WORDS", "cause_sentence", "evidence_lines", "where"]
@@ -117,6 +117,13 @@ def cause_sentence(
             return (
                 f"No memory was left for the KV cache: the weights took {facts.weights:.2f} GiB per GPU and left "
                 f"{facts.post:.2f} GiB, so the KV budget inside the static fraction came out <= 0 ({msg})."
+            )
+        seq = VLLM_MAX_SEQ_LEN.search(err.message)
+        if seq:
+            est = f"; vLLM estimates {int(seq['est']):,} tokens would fit" if seq["est"] else ""
+            return (
+                f"The KV cache ({float(seq['have']):.2f} GiB) cannot hold one request of max_model_len "
+                f"{int(seq['len']):,} tokens, which needs {float(seq['need']):.2f} GiB{est} ({msg})."
             )
         cap = "gpu_memory_utilization" if err.engine is Engine.VLLM else "the static memory fraction"
         return f"Too little memory was left for the KV cache under {cap} ({msg})."

@@ -11,6 +11,7 @@ notebook and puts on its index page.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab.atomicfile import to_jsonable, write_json_atomic
-from dsv4lab.config.server_config import ConfigDiff, ServerConfig
-from dsv4lab.engines import get_engine
+from dsv4lab.config.server_config import ConfigDiff
+from dsv4lab.engines import Engine, SGLangEngine, get_engine
 from dsv4lab.errors import ConfigError, UnknownNameError
-from dsv4lab.notebook.lab import Lab
+from dsv4lab.notebook.lab import DEFAULT_HARDWARE, Lab
+from dsv4lab.resources import CONFIGS
+from dsv4lab.serving.slurm import SlurmPlacement
 
 __all__ = [
     "RESULTS_FILE",
@@ -47,11 +50,18 @@ class Experiment:
 
     host: str = "local"
     target: str = "twin"
-    hardware: str = "rtx-pro-6000-x8"
+    #: Empty: none named (the twin's and SGLang's preflight use the story's profile; vLLM reads the host).
+    hardware: str = ""
     sglang_version: str = "0.5.23"
+    #: The engine's release for any engine (vLLM's ``"0.32.0"``); empty: ``sglang_version`` for SGLang's
+    #: engines, the newest dsv4lab knows for the others.
+    version: str = ""
     python: str = ""
     time_scale: float = 0.05
+    #: SGLang's engines: a preset name or a config file; vLLM: a config file, or empty for ``model_path``.
     preset: str = "config_a"
+    #: The model on the server host (vLLM's configs start from it; for SGLang it overrides the preset's).
+    model_path: str = ""
     overrides: str = ""
     concurrency: tuple[int, ...] = (1, 16)
     input_len: int = 8000
@@ -59,11 +69,26 @@ class Experiment:
     repeats: int = 3
     kernel_config_dir: str = ""
     run_dir: str = ""
+    #: Run the servers as Slurm jobs through ``host`` (the login host): ``partition=gpu,gpus_per_node=8,
+    #: time_min=30`` or the JSON a sweep passes; empty: on the host itself.
+    slurm: str = ""
     #: Parameters the notebook declared beyond the common ones (run dirs of earlier steps, a chosen fix...).
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        texts = ("host", "target", "hardware", "sglang_version", "python", "preset", "overrides", "kernel_config_dir")
+        texts = (
+            "host",
+            "target",
+            "hardware",
+            "sglang_version",
+            "version",
+            "python",
+            "preset",
+            "model_path",
+            "overrides",
+            "kernel_config_dir",
+            "slurm",
+        )
         for name in (*texts, "run_dir"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(name, getattr(self, name), "a string")
@@ -80,6 +105,7 @@ class Experiment:
                 extra = " (a trustworthy A/B needs three per arm and level)" if name == "repeats" else ""
                 raise ConfigError(name, value, f"an integer >= {low}{extra}")
         parse_overrides(self.overrides)  # fail here, not at launch
+        SlurmPlacement.parse(self.slurm)
 
     @classmethod
     def from_namespace(cls, namespace: Mapping[str, Any], *, notebook: str = "") -> Experiment:
@@ -116,28 +142,63 @@ class Experiment:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return path.resolve()
 
+    @property
+    def engine(self) -> Engine:
+        return get_engine(self.target)
+
+    @property
+    def engine_version(self) -> str | None:
+        """The release whose flags the session renders: ``version``, else ``sglang_version`` for SGLang's
+        engines (the story's notebooks name only that one), else the newest dsv4lab knows."""
+        if self.version:
+            return self.version
+        return (self.sglang_version or None) if isinstance(self.engine, SGLangEngine) else None
+
     def lab(self, *, progress: bool = True) -> Lab:
         """The session these parameters describe; servers go into ``out_dir``."""
         return Lab(
             self.host,
             target=self.target,
-            hardware=self.hardware,
-            sglang_version=self.sglang_version or None,
+            hardware=self.hardware or None,
+            version=self.engine_version,
             time_scale=self.time_scale,
             python=self.python or None,
             run_root=self.out_dir,
             kernel_config_dir=self.kernel_config_dir or None,
             progress=progress,
+            slurm=SlurmPlacement.parse(self.slurm),
         )
 
-    def config(self, preset: str | None = None, **more: Any) -> ServerConfig:
-        """The preset (``preset`` parameter by default) with ``overrides`` and ``more`` applied (not mapped
-        to the session's kernel folder: :meth:`Lab.config` does that at launch)."""
-        from dsv4lab.config.presets import preset as get
-
-        cfg = get(preset or self.preset)
+    def config(self, preset: str | None = None, **more: Any) -> Any:
+        """The session's engine's config with ``overrides`` and ``more`` applied: for SGLang's engines the
+        preset (``preset`` parameter by default; a ``.toml``/``.json`` file too), ``model_path`` replacing
+        its model when given; for vLLM a config file named by ``preset``, else one for ``model_path``. (Not
+        mapped to the session's kernel folder: :meth:`Lab.config` does that at launch.)"""
+        engine = self.engine
+        name = self.preset if preset is None else preset
         changes: dict[str, Any] = {**parse_overrides(self.overrides), **more}
-        return cfg.with_values(changes) if changes else cfg
+        if isinstance(engine, SGLangEngine):
+            if self.model_path:
+                changes = {"model_path": self.model_path, **changes}
+            return engine.resolve_config(name or "config_a", changes, arg="preset")
+        if name:
+            if self.model_path:
+                changes = {"model_path": self.model_path, **changes}
+            elif not Path(name).expanduser().exists() and (CONFIGS / name).is_file():
+                raise ConfigError(
+                    "parameter model_path",
+                    "",
+                    f"the model on the server host (a folder or a Hugging Face id): the shipped {name} names none",
+                )
+            return engine.resolve_config(name, changes, arg="preset")
+        if not self.model_path:
+            raise ConfigError(
+                "parameter model_path",
+                "",
+                f"the model on the server host (a folder or a Hugging Face id): a {engine.name} config starts from "
+                "it (or name a config file in preset)",
+            )
+        return engine.resolve_config(engine.load_config({"model_path": self.model_path}), changes)
 
     def chart(self, chart: Any, name: str) -> None:
         """Show a chart and keep it as ``charts/<name>.svg`` in the run dir (the campaign index embeds it).
@@ -172,7 +233,7 @@ class Experiment:
                 raise ConfigError(
                     "parameter diagnosis_run_dir",
                     diagnosis_run_dir,
-                    "the run dir of 03 (it records chosen_fix_overrides)",
+                    "the run dir of the step that chose the fix (03, 12: it records chosen_fix_overrides)",
                 )
             return parse_overrides(chosen)
         return parse_overrides(fix)
@@ -215,16 +276,15 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
 
     The runner calls this with every parameter the run will use (defaults included), before it makes a run
     dir: the values :class:`Experiment` checks, and what they name — the hardware profile, the SGLang
-    release, the preset, the overrides (and a ``fix``) applied to it (an unknown field, ``tp=3`` on a
+    release, the preset (or vLLM's ``model_path``), the overrides, a ``fix`` and a ``lever`` (with its
+    ``lever_value``) applied to it in that order (an unknown field, a flag the release lacks, ``tp=3`` on a
     128-head model, a fraction of 1.5, more GPUs than the hardware has), and run dirs of earlier steps
     (``*_run_dir``) that must exist. Each failure is one :class:`ConfigError` naming the parameter.
     """
     from dsv4lab.config.hardware import hardware_profile
     from dsv4lab.config.presets import PRESETS
-    from dsv4lab.config.presets import preset as get_preset
     from dsv4lab.config.versions import resolve_release
     from dsv4lab.errors import DSV4LabError
-    from dsv4lab.model.memory import preflight
 
     where = f" of {notebook}" if notebook else ""
 
@@ -246,26 +306,43 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
             raise named(name, exc) from None
     try:
         exp = Experiment(**values)
-        hardware_profile(exp.hardware)
+        hardware_profile(exp.hardware or DEFAULT_HARDWARE)
     except ConfigError as exc:
         raise named(exc.field, exc) from None
-    if exp.sglang_version:
-        try:
-            resolve_release(exp.sglang_version, warn=False)
-        except DSV4LabError as exc:
-            raise named("sglang_version", exc) from None
-    if exp.preset not in PRESETS:
+    engine = exp.engine
+    sglang = isinstance(engine, SGLangEngine)
+    version_name = "version" if exp.version or not sglang else "sglang_version"
+    try:
+        if sglang:
+            release = resolve_release(exp.engine_version, warn=False).version
+        else:
+            release = engine.resolve_version(exp.engine_version)
+    except DSV4LabError as exc:
+        raise named(version_name, exc) from None
+    hardware = hardware_profile(exp.hardware or DEFAULT_HARDWARE)
+    if sglang and exp.preset not in PRESETS:
         raise named("preset", UnknownNameError("preset", exp.preset, PRESETS))
-    if not {"preset", "overrides", "fix"} & set(params):
+    if not {"preset", "overrides", "fix", "model_path", "lever"} & set(params):
         return _check_run_dirs(exp, params, where)  # the notebook builds its own config: nothing to apply
-    config = get_preset(exp.preset)
+    base_name = "preset" if sglang or exp.preset else "model_path"
+    try:
+        config = dataclasses.replace(exp, overrides="").config()
+        if not sglang:
+            engine.check_plan(config, release, hardware)
+    except DSV4LabError as exc:
+        own = exc.field if isinstance(exc, ConfigError) and exc.field.startswith("parameter ") else None
+        raise named(own.removeprefix("parameter ") if own else base_name, exc) from None
     fix = params.get("fix")
-    for name, text in (("overrides", exp.overrides), ("fix", fix if isinstance(fix, str) else "")):
+    texts = [("overrides", exp.overrides), ("fix", fix if isinstance(fix, str) else "")]
+    lever, lever_value = params.get("lever"), params.get("lever_value")
+    if isinstance(lever, str) and lever:  # a notebook's one lever: a field and its value in arm B
+        texts.append(("lever", f"{lever}={_override_value(lever_value)}"))
+    for name, text in texts:
         try:
             changes = parse_overrides(text, name=name)
             if changes:
                 config = config.with_values(changes)
-                preflight(config, exp.hardware, sglang_version=exp.sglang_version or None)
+                engine.check_plan(config, release, hardware)
         except DSV4LabError as exc:
             raise named(name, exc) from None
     _check_run_dirs(exp, params, where)

@@ -41,9 +41,12 @@ from dsv4lab.engines import ENGINE_NAMES, Engine, SessionSettings, SGLangEngine,
 from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, LocalHost, open_host
 from dsv4lab.logs import Diagnosis
-from dsv4lab.model.memory import Preflight, Suggestion, preflight, suggest
+from dsv4lab.model.memory import Preflight, Suggestion, suggest
+from dsv4lab.model.vllm_memory import VllmPreflight
 from dsv4lab.notebook.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server
+from dsv4lab.serving.hostmem import HostProbe
 from dsv4lab.serving.launch import ServerHandle, attach, launch, pick_port
+from dsv4lab.serving.slurm import SlurmPlacement
 from dsv4lab.serving.watch import Readiness, Verdict
 from dsv4lab.tables import Table, table
 from dsv4lab.units import Clock
@@ -53,6 +56,8 @@ __all__ = ["TARGETS", "Lab"]
 #: The values ``target=`` accepts: the engines (the twin, SGLang itself).
 TARGETS: tuple[str, ...] = ENGINE_NAMES
 
+#: The hardware profile of a session that names none: the story's host.
+DEFAULT_HARDWARE = "rtx-pro-6000-x8"
 #: Ports tried before a launch gives up (each taken one is skipped).
 _PORT_ATTEMPTS = 20
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -66,7 +71,7 @@ class Lab:
         host: str | Host = "local",
         *,
         target: str = "twin",
-        hardware: str = "rtx-pro-6000-x8",
+        hardware: str | None = None,
         sglang_version: str | None = None,
         version: str | None = None,
         time_scale: float = 0.05,
@@ -80,12 +85,15 @@ class Lab:
         progress: bool = True,
         known_hosts: str = "~/.ssh/known_hosts",
         trust_host_key: bool = False,
+        slurm: SlurmPlacement | Mapping[str, Any] | None = None,
     ) -> None:
         """
         Args:
             host: ``"local"``, an SSH alias from ``~/.ssh/config``, ``user@host:port``, or a Host.
             target: ``"twin"`` (the SGLang twin, no GPU needed) or ``"sglang"`` (real SGLang).
-            hardware: hardware profile of the host (the twin emulates it; preflight and diagnosis use it).
+            hardware: hardware profile of the host (the twin emulates it; preflight and diagnosis use it);
+                unset: ``rtx-pro-6000-x8`` (the story's), which a vLLM session on a host without GPUs never
+                reads (its preflight reads the host's own memory).
             sglang_version: SGLang release whose flags to render (default: the newest dsv4lab knows).
             version: the engine's release whose flags to render, for any engine (vLLM's: ``"0.32.0"``);
                 for SGLang and the twin the same as ``sglang_version``.
@@ -100,6 +108,9 @@ class Lab:
             seed: twin seed (drift and timing noise); unset = the twin's default.
             progress: live progress in notebooks, text lines in scripts and papermill.
             known_hosts, trust_host_key: SSH host-key checking (an unknown key is refused unless trusted).
+            slurm: run every server as a Slurm batch job (a :class:`~dsv4lab.serving.slurm.SlurmPlacement`, or
+                its fields as a dict: ``{"partition": "gpu", "gpus_per_node": 8, "time_min": 30}``); ``host``
+                is then the cluster's login host.
         """
         engine = get_engine(target)
         if not (isinstance(time_scale, (int, float)) and not isinstance(time_scale, bool) and time_scale > 0):
@@ -108,7 +119,9 @@ class Lab:
             raise ConfigError("base_port", base_port, "an integer from 1024 to 65000")
         self.engine: Engine = engine
         self.target: str = engine.name
-        self.hardware: HardwareProfile = hardware_profile(hardware)
+        self.hardware: HardwareProfile = hardware_profile(hardware or DEFAULT_HARDWARE)
+        #: Whether the hardware profile was named (an unnamed one is only the default, never a claim).
+        self.hardware_named = hardware is not None
         if version is not None and sglang_version is not None and version != sglang_version:
             raise ConfigError("version", version, f"one release: version= or sglang_version= ({sglang_version})")
         #: The engine release whose flags this session renders.
@@ -128,6 +141,8 @@ class Lab:
         self.remote_root = remote_root
         self.servers: list[Server] = []
         self._twin_kernel_dir: str | None = None
+        #: Where servers run: on the host itself (None) or as Slurm jobs submitted through it.
+        self.slurm: SlurmPlacement | None = _placement(slurm)
         _LIVE.add(self)
 
     # -- configs ----------------------------------------------------------------------------------------
@@ -214,9 +229,18 @@ class Lab:
             self.host.put_text(f"{remote}/{name}", '{"1": {"BLOCK_SIZE_M": 16}}\n')
         return remote
 
-    def preflight(self, config: ServerConfig | str = "config_a", **overrides: Any) -> Preflight:
-        """Predict whether the config fits this host's GPUs, where it would fail and by how much."""
-        return preflight(self._sglang_config(config, overrides), self.hardware, sglang_version=self.sglang_version)
+    @overload
+    def preflight(self, config: VllmConfig, **overrides: Any) -> VllmPreflight: ...
+    @overload
+    def preflight(self, config: ServerConfig | str = "config_a", **overrides: Any) -> Preflight: ...
+    def preflight(self, config: AnyConfig | str = "config_a", **overrides: Any) -> Preflight | VllmPreflight:
+        """Predict whether the config fits, where it would fail and by how much: SGLang's split of every GPU
+        of the hardware profile; vLLM's on the host's own memory when it has no GPU (its CPU build)."""
+        cfg = self.config(config, **overrides)
+        prediction: Preflight | VllmPreflight = self.engine.preflight(
+            cfg, self.version, hardware=self.hardware, facts=HostProbe(self.host)
+        )
+        return prediction
 
     def suggest(
         self, config: ServerConfig | str = "config_a", *, concurrency: int | None = None, **overrides: Any
@@ -238,7 +262,7 @@ class Lab:
 
     def launch(
         self,
-        config: ServerConfig | str = "config_a",
+        config: AnyConfig | str = "config_a",
         *,
         name: str | None = None,
         wait: bool = False,
@@ -246,6 +270,7 @@ class Lab:
         keep: bool | None = None,
         fault: str | None = None,
         sample_gpus: bool = True,
+        preflight: bool = True,
         **overrides: Any,
     ) -> Server:
         """Start a server and return it at once (``wait=True`` also watches it to a verdict).
@@ -254,7 +279,12 @@ class Lab:
         the kernel-config folder, and starts the twin or SGLang. ``fault`` injects a twin fault
         (``silent_death``, ``capture_hang``, ``nccl_error``, ``port_in_use``, ``crash_serving[:s]``,
         ``slow_start[:x]``). The server is tracked: the session stops it at its end unless ``keep``.
+
+        A launch the engine's memory preflight predicts to fail on this host (vLLM's CPU build) is refused
+        before anything starts; ``preflight=False`` launches it anyway, to watch it fail.
         """
+        if not isinstance(preflight, bool):
+            raise ConfigError("preflight", preflight, "True (refuse a launch predicted not to fit) or False")
         cfg = self.config(config, **overrides)
         if fault is not None and not self.engine.rehearsal:
             raise ConfigError("fault", fault, "only on the twin (target='twin')")
@@ -265,7 +295,9 @@ class Lab:
         run_dir = str(local_dir) if self.is_local else f"{self.remote_root}/{self.session}/{label}"
         try:
             # launch() itself ends whatever it started when it fails or is stopped half-way.
-            handle, sampler, sampler_error = self._start(cfg, run_dir, port, fault, local_dir if sample_gpus else None)
+            handle, sampler, sampler_error = self._start(
+                cfg, run_dir, port, fault, local_dir if sample_gpus else None, preflight=preflight
+            )
         except KeyboardInterrupt:
             note = _interrupted("the user stopped the launch before the server started; nothing is running")
             _save_verdict(local_dir, note)
@@ -318,7 +350,14 @@ class Lab:
         return server
 
     def _start(
-        self, cfg: AnyConfig, run_dir: str, port: int | None, fault: str | None, samples_dir: Path | None
+        self,
+        cfg: AnyConfig,
+        run_dir: str,
+        port: int | None,
+        fault: str | None,
+        samples_dir: Path | None,
+        *,
+        preflight: bool = True,
     ) -> tuple[ServerHandle, Any, Exception | None]:
         """Pick a port, start GPU sampling for it, launch; retry on the next port if another launch won it.
 
@@ -332,7 +371,7 @@ class Lab:
         for _ in range(_PORT_ATTEMPTS):
             chosen = port if port is not None else pick_port(self.host, self.base_port, avoid=skipped)
             sampler, error = None, None
-            if samples_dir is not None:
+            if samples_dir is not None and self.slurm is None:
                 sampler, error = self._sampler(chosen, twin_env, python, samples_dir, run_dir)
             try:
                 handle = launch(
@@ -343,6 +382,8 @@ class Lab:
                     sglang_version=self.version,
                     python=python,
                     twin_env=twin_env,
+                    preflight=preflight,
+                    placement=self.slurm,
                 )
             except BaseException as exc:
                 if sampler is not None:
@@ -351,11 +392,23 @@ class Lab:
                     raise
                 skipped.append(chosen)
                 continue
+            if self.slurm is not None and samples_dir is not None:
+                # The job's GPUs are on its node: sampled there, from the moment it runs (srun --overlap).
+                running_in = handle.job()
+                job = (running_in.job_id if running_in else "", self.slurm.slurm_conf)
+                sampler, error = self._sampler(chosen, twin_env, python, samples_dir, run_dir, job=job)
             return handle, sampler, error
         raise StaleServerError(self.host.name, skipped[-1], holder=f"other servers: ports {skipped} are all taken")
 
     def _sampler(
-        self, port: int, twin_env: dict[str, str] | None, python: str | None, samples_dir: Path, run_dir: str
+        self,
+        port: int,
+        twin_env: dict[str, str] | None,
+        python: str | None,
+        samples_dir: Path,
+        run_dir: str,
+        *,
+        job: tuple[str, str | None] | None = None,
     ) -> tuple[Any, Exception | None]:
         """A started GPU sampler for the server about to run on ``port`` (the twin's stand-in picks it by
         port), or the reason it could not start — shown by ``gpu_memory()`` and as a warning now."""
@@ -364,12 +417,14 @@ class Lab:
         command = smi_command_for(
             self.engine, python=python or "python3", port=port, twin_env=twin_env, run_dir=run_dir
         )
+        if job is not None:
+            command = command.in_slurm_job(*job)
         interval = self.engine.sample_interval_ms(twin_env)
         sampler = GpuSampler(
             self.host, interval_ms=interval, csv_path=samples_dir / "gpu_memory.csv", smi_command=command
         )
         try:
-            sampler.start()
+            sampler.start(wait_first=job is None)
         except Exception as exc:  # the server can run without it; its memory chart cannot
             warnings.warn(f"GPU memory sampling on {self.host.name} could not start: {exc}", stacklevel=3)
             return None, exc
@@ -475,8 +530,8 @@ class Lab:
 
     def launch_ab(
         self,
-        a: ServerConfig | str,
-        b: ServerConfig | str | None = None,
+        a: AnyConfig | str,
+        b: AnyConfig | str | None = None,
         concurrency: Sequence[int] | int | str = (1, 16),
         *,
         names: Sequence[str] | None = None,
@@ -511,12 +566,12 @@ class Lab:
         not. By default the twin runs them together and a real host one after the other (A's repeats,
         then B's). A config that does not start raises :class:`~dsv4lab.errors.LaunchError` with its verdict.
         """
-        _check_change_names(changes)
+        _check_change_names(changes, self.engine.field_names())
         dotted = {key.replace("__", "."): key for key in changes}
         if isinstance(b_overrides, Mapping) and {str(k).replace("__", ".") for k in b_overrides} & set(dotted):
             twice = dotted[sorted({str(k).replace("__", ".") for k in b_overrides} & set(dotted))[0]]
             raise ConfigError(twice, changes[twice], "one value for B: in b_overrides or as a keyword, not both")
-        cfg_a, cfg_b, arms = _compare_plan(a, b, names, a_overrides, b_overrides, changes)
+        cfg_a, cfg_b, arms = _compare_plan(self.engine, a, b, names, a_overrides, b_overrides, changes)
         _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
         if together is not None and not isinstance(together, bool):
             raise ConfigError("together", together, "True (both servers at once), False (one after the other) or None")
@@ -527,7 +582,7 @@ class Lab:
         together = self.engine.rehearsal if together is None else together
         started: list[Server] = []
 
-        def start(config: ServerConfig, name: str) -> Server:
+        def start(config: AnyConfig, name: str) -> Server:
             # No GPU sampling: an A/B's servers are measured, not charted (a sampler costs a process each).
             server = self.launch(config, name=name, sample_gpus=False)
             started.append(server)
@@ -571,7 +626,11 @@ class Lab:
         rows = []
         for s in self.servers:
             alive = s.is_alive()
-            rows.append({**s.to_dict(), "alive": alive})
+            row = {**s.to_dict(), "alive": alive}
+            now = s.handle.job()
+            if now is not None:
+                row["slurm job"] = f"{now.job_id} {now.state}" + (f" ({now.reason})" if now.pending else "")
+            rows.append(row)
         out = table(rows, title=f"{plural(len(self.servers), 'server')} of this session on {self.host.name}")
         out.note = (
             "state: the watcher's verdict (READY, CRASHED, ...), 'starting' before one, 'stopped' once the lab "
@@ -607,11 +666,18 @@ class Lab:
         where = f"{self.host.name!r}, target={self.target!r}, hardware={self.hardware.name!r}"
         return f"Lab({where}, {plural(len(self.servers), 'server')})"
 
+    def _hardware_words(self) -> str:
+        profile = f"{self.hardware.name}: {self.hardware.count} x {self.hardware.gpu.name}"
+        if self.hardware_named or isinstance(self.engine, SGLangEngine):
+            return profile
+        return f"none named: the host's own (a host without GPUs is read for its memory; {profile} for GPU estimates)"
+
     def _repr_html_(self) -> str:
         facts: list[tuple[str, object]] = [
-            ("host", self.host.name),
+            ("host", self.host.name + (" (Slurm login host)" if self.slurm is not None else "")),
+            *([("Slurm", self.slurm.words())] if self.slurm is not None else []),
             ("target", self.target + (f" (time scale {self.time_scale:g})" if self.engine.rehearsal else "")),
-            ("hardware", f"{self.hardware.name}: {self.hardware.count} x {self.hardware.gpu.name}"),
+            ("hardware", self._hardware_words()),
             ("flags", self.engine.release_words(self.version)),
             ("results", str(self.run_root)),
         ]
@@ -619,14 +685,16 @@ class Lab:
         return hv.card("dsv4lab session", hv.kv_table(facts) + (hv.table(rows) if rows else ""))
 
 
-def _resolve(config: ServerConfig | str, overrides: Mapping[str, Any], *, arg: str = "config") -> ServerConfig:
-    """An SGLang config (a comparison's arms): see :meth:`~dsv4lab.engines.Engine.resolve_config`."""
-    cfg: ServerConfig = get_engine("sglang").resolve_config(config, overrides, arg=arg)
-    return cfg
-
-
 #: Longest arm name a comparison accepts (it labels tables and charts, and names the server's folder).
 _MAX_ARM_NAME = 100
+
+
+def _placement(slurm: SlurmPlacement | Mapping[str, Any] | None) -> SlurmPlacement | None:
+    if slurm is None or isinstance(slurm, SlurmPlacement):
+        return slurm
+    if isinstance(slurm, Mapping):
+        return SlurmPlacement.from_dict(slurm)
+    raise ConfigError("slurm", slurm, "a SlurmPlacement, a dict of its fields, or None")
 
 
 def _arm_names(arg: str, names: object) -> tuple[str, str]:
@@ -644,28 +712,32 @@ def _arm_names(arg: str, names: object) -> tuple[str, str]:
 
 
 def _compare_plan(
+    engine: Engine,
     a: object,
     b: object,
     names: object,
     a_overrides: Mapping[str, Any] | None,
     b_overrides: Mapping[str, Any] | None,
     changes: Mapping[str, Any],
-) -> tuple[ServerConfig, ServerConfig, tuple[str, str]]:
+) -> tuple[AnyConfig, AnyConfig, tuple[str, str]]:
     """Both arms of a comparison, resolved and checked, with their names: nothing is launched or written.
 
     ``b`` None means A again (with B's overrides: "A against A with a change"). Refused here: a config or
     override that is not valid (named as typed), a B identical to A, names that are not two different ones.
     """
-    if b is not None and not isinstance(b, (str, ServerConfig)):
+    if b is not None and not isinstance(b, (str, ServerConfig, VllmConfig)):
         raise ConfigError(
-            "b", b, "a config (preset, .toml/.json file, ServerConfig) or None for A again; levels go in concurrency="
+            "b",
+            b,
+            "a config (preset, .toml/.json file, ServerConfig or VllmConfig) or None for A again; levels go in "
+            "concurrency=",
         )
     for arg, mapping in (("a_overrides", a_overrides), ("b_overrides", b_overrides)):
         if mapping is not None and not isinstance(mapping, Mapping):
             raise ConfigError(arg, mapping, "a mapping of config fields to values, e.g. {'cuda_graph_max_bs': 8}")
     a_changes, b_changes = dict(a_overrides or {}), {**(b_overrides or {}), **changes}
-    cfg_a = _resolve(a, a_changes, arg="a")  # type: ignore[arg-type]
-    cfg_b = _resolve(a if b is None else b, b_changes, arg="a" if b is None else "b")  # type: ignore[arg-type]
+    cfg_a: AnyConfig = engine.resolve_config(a, a_changes, arg="a")
+    cfg_b: AnyConfig = engine.resolve_config(a if b is None else b, b_changes, arg="a" if b is None else "b")
     label_a = _arm_label(a, "A")
     same = b is None or (isinstance(b, str) and b == a) or b is a
     label_b = label_a if same else _arm_label(b, "B")
@@ -692,18 +764,16 @@ _COMPARE_KEYWORDS = (
 )
 
 
-def _check_change_names(changes: Mapping[str, Any]) -> None:
+def _check_change_names(changes: Mapping[str, Any], field_names: Sequence[str]) -> None:
     """B's keyword changes are config fields (``cuda_graph_max_bs``, ``speculative__num_steps``, ``env__X``); any
     other keyword is refused naming both kinds (``repeat=1`` is a typo of ``repeats``, not a field to set)."""
-    from dsv4lab.config.server_config import field_names
-
-    heads = {name.split(".", 1)[0] for name in field_names()}
+    heads = {name.split(".", 1)[0] for name in field_names}
     for key, value in changes.items():
         if key.replace("__", ".").split(".", 1)[0] not in heads:
             raise ConfigError(
                 key,
                 value,
-                f"a config field to change in B ({', '.join(field_names())}, env.NAME) or one of launch_ab's "
+                f"a config field to change in B ({', '.join(field_names)}, env.NAME) or one of launch_ab's "
                 f"keywords ({_COMPARE_KEYWORDS})",
             )
 

@@ -524,6 +524,28 @@ def _finish(
     )
 
 
+def read_run(nb_path: Path, out_dir: Path, parameters: Mapping[str, Any]) -> NotebookRun:
+    """The record a finished run left in ``out_dir`` (its ``results.json``), as :func:`run_notebook` returns it:
+    what a sweep reads from a point run in another process."""
+    results = read_results(out_dir)
+    status = str(results.get("status") or "failed")
+    error = results.get("error")
+    if not results:
+        error = f"the point's run left no {RESULTS_FILE} in {out_dir}"
+    return NotebookRun(
+        nb_path.stem,
+        nb_path,
+        out_dir,
+        out_dir / "report.html",
+        out_dir / "notebook.ipynb",
+        dict(parameters),
+        status == "ok",
+        None if error is None else str(error),
+        float(results.get("duration_s") or 0.0),
+        results,
+    )
+
+
 def _render(
     nb_path: Path,
     source: Path,
@@ -627,8 +649,9 @@ def target_provenance(params: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = [
         ("target", engine.description if engine else str(params.get("target"))),
         ("host", str(params.get("host", "local"))),
-        ("hardware", str(params.get("hardware", ""))),
     ]
+    if params.get("hardware"):  # a run that names no profile (vLLM on its host) claims none
+        rows.append(("hardware", str(params["hardware"])))
     clock = params_clock(params)
     if clock.is_twin:
         rows.append(("clock", clock.note()))
@@ -686,6 +709,8 @@ def stop_orphans(run_dir: Path) -> list[str]:
 
     The session stops its servers when the kernel exits; a kernel that died (out of memory, killed) cannot,
     and a GPU held by an orphan blocks the next launch. Each launch leaves ``server.json`` in its local dir.
+    A server whose launcher is gone but whose processes are not (a crashed vLLM's API server or EngineCore)
+    has its process group ended.
     """
     from dsv4lab.hosts import open_host
     from dsv4lab.serving.launch import attach
@@ -704,6 +729,8 @@ def stop_orphans(run_dir: Path) -> list[str]:
                 handle = attach(host, str(data["run_dir"]))
                 if handle.is_alive():
                     handle.stop(grace_s=5.0)
+                    stopped.append(str(data["run_dir"]))
+                elif handle.reap() is not None:  # the launcher is gone, processes of its group are not
                     stopped.append(str(data["run_dir"]))
             finally:
                 host.close()

@@ -27,7 +27,7 @@ from dsv4lab.atomicfile import write_json_atomic, write_text_atomic
 from dsv4lab.config.hardware import HardwareProfile
 from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.counts import plural
-from dsv4lab.errors import BenchError, ConfigError, Interrupted, ProfileError
+from dsv4lab.errors import BenchError, ConfigError, DSV4LabError, Interrupted, ProfileError
 from dsv4lab.hosts import KillReport, PortForward
 from dsv4lab.logs import Diagnosis
 from dsv4lab.secrets import collect_secrets, redact_text
@@ -104,17 +104,24 @@ class Server:
     def url(self) -> str:
         """A URL this machine can reach: through the SSH tunnel for a remote host."""
         if self._forward is None:
-            self._forward = self.handle.host.forward(self.port)
+            self._forward = self.handle.forward()
         return self._forward.url
 
     @property
     def state(self) -> str:
-        """``starting`` until a verdict, then the verdict (READY, CRASHED, ...); ``stopped`` once a running
-        server was stopped (a crashed one stays CRASHED)."""
+        """``starting`` until a verdict (``QUEUED (Resources)`` while its Slurm job waits), then the verdict
+        (READY, CRASHED, ...); ``stopped`` once a running server was stopped (a crashed one stays CRASHED)."""
         verdict = self.readiness.verdict if self.readiness is not None else None
-        if self.stopped is not None and verdict in (None, Verdict.READY, Verdict.INTERRUPTED):
+        if self.stopped is not None and verdict in (None, Verdict.READY, Verdict.INTERRUPTED, Verdict.QUEUED):
             return "stopped"
-        return verdict.value if verdict is not None else "starting"
+        if verdict is None or verdict is Verdict.QUEUED:
+            with contextlib.suppress(DSV4LabError):
+                job = self.handle.waiting()
+                if job is not None:
+                    return f"QUEUED ({job.reason})"
+        if verdict is None or verdict is Verdict.QUEUED:
+            return "starting"  # a queued job that started since the last watch: the next one says how it went
+        return str(verdict.value)
 
     @property
     def ready(self) -> bool:
@@ -316,6 +323,7 @@ class Server:
         with self._sampler_lock:
             sampler, kept = self._sampler, self._gpu_samples
         if sampler is not None:
+            sampler.wait_first()  # a Slurm job's sampler starts once the job runs: its first sample may be due
             frame: pd.DataFrame = sampler.frame()
         elif kept is not None:
             frame = kept
@@ -329,18 +337,35 @@ class Server:
         clock = self.handle.clock
         if clock.is_twin:
             frame.attrs["time_scale"] = clock.time_scale
+        if self.host_memory_plan is not None:
+            frame.attrs["memory_of"] = "host"
         return frame
 
+    @property
+    def host_memory_plan(self) -> dict[str, Any] | None:
+        """The launch's memory prediction on a host without GPUs (vLLM's CPU build: the host's memory node,
+        the weights, vLLM's processes and the KV space asked for), as ``handle.json`` keeps it; None on a GPU
+        host, where the samples are nvidia-smi's."""
+        plan = self.handle.extra.get("preflight")
+        return plan if isinstance(plan, dict) and plan.get("backend") == "cpu" else None
+
     def memory_timeline(self, *, title: str | None = None) -> Any:
-        """The GPU memory chart of this server's startup (and life): phases and the OOM from its log, the
-        static line from the preflight (:func:`dsv4lab.plots.memory_timeline`)."""
+        """The memory chart of this server's startup (and life) (:func:`dsv4lab.plots.memory_timeline`): on a
+        GPU host every GPU, with the phases and the OOM from its log and the static line from the preflight;
+        on a host without one, the server's processes against the host's memory, with the memory available at
+        launch and the launch's prediction (processes + weights + KV space) as lines."""
         from dsv4lab import plots
         from dsv4lab.model.memory import preflight
 
         cfg = self.config
         p = preflight(cfg, self.hardware, sglang_version=self.handle.version) if isinstance(cfg, ServerConfig) else None
         return plots.memory_timeline(
-            self.gpu_memory(), log=str(self.fetch()), preflight=p, config=self.name, title=title
+            self.gpu_memory(),
+            log=str(self.fetch()),
+            preflight=p,
+            config=self.name,
+            title=title,
+            references=_host_references(self.host_memory_plan),
         )
 
     def fp8_kernels(self) -> Table:
@@ -505,3 +530,18 @@ class LogTail:
         return hv.card(
             f"{self.name}: server.log (last {plural(len(self.lines), 'line')})", hv.fold(self.lines, keep=20)
         )
+
+
+def _host_references(plan: dict[str, Any] | None) -> list[tuple[float, str]]:
+    """The lines a host-memory chart draws from the launch's prediction: what was available at launch, and
+    what the server was predicted to take (its processes, the weights and the KV space it asked for)."""
+    if plan is None or not plan.get("split"):
+        return []
+    split = plan["split"][0]
+    available = float(split.get("free_gib") or 0.0)
+    predicted = sum(float(split.get(k) or 0.0) for k in ("non_torch_gib", "weights_gib", "kv_cache_gib"))
+    kv = float(split.get("kv_cache_gib") or 0.0)
+    return [
+        (available, f"available at launch {available:.1f} GiB"),
+        (predicted, f"predicted {predicted:.1f} GiB: processes + weights + KV space {kv:.1f} GiB"),
+    ]

@@ -32,10 +32,13 @@ from dsv4lab.notebook.nbrun import (
     new_run_dir,
     notebook_parameters,
     params_clock,
+    read_run,
     run_host,
     run_notebook,
+    stop_orphans,
 )
 from dsv4lab.resources import TEMPLATES
+from dsv4lab.serving.slurm import SlurmPlacement
 
 __all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_text", "load_points", "run_sweep"]
 
@@ -54,6 +57,13 @@ class SweepPoint:
     suggestion: str = ""
     #: The shortfall the model predicts (GiB), for a point predicted not to fit.
     short_by_gib: float | None = None
+    #: Its first server's time in the Slurm queue (s, wall clock) and its startup (s, on ``startup_clock``),
+    #: from the run's ``readiness.json``; None where it had no queue or no verdict.
+    queued_s: float | None = None
+    startup_s: float | None = None
+    startup_clock: str = ""
+    #: The node(s) its first server's Slurm job ran on.
+    nodes: str = ""
 
 
 @dataclass
@@ -85,18 +95,28 @@ class SweepResult:
         rows = []
         for p in self.points:
             scalars = {k: v for k, v in p.figures.items() if isinstance(v, (int, float, str, bool)) or v is None}
-            rows.append({**p.parameters, "predicted": p.predicted, "status": p.status, **scalars})
+            times = (
+                {"node": p.nodes, "queued_s": p.queued_s, "startup_s": p.startup_s} if p.queued_s is not None else {}
+            )
+            rows.append({**p.parameters, "predicted": p.predicted, "status": p.status, **times, **scalars})
         frame: pd.DataFrame = pd.DataFrame(rows)
         return frame
 
     def table_rows(self) -> list[dict[str, str]]:
         """The index's table as text cells with units in the headers (what the terminal prints too)."""
         names = figure_columns(self.points)
+        queued = any(p.queued_s is not None for p in self.points)
+        clocks = list(dict.fromkeys(p.startup_clock for p in self.points if p.startup_clock and queued))
         rows = []
         for p in self.points:
             row = {k: _cell(p.parameters.get(k)) for k in self.keys}
             row["predicted"] = p.predicted
             row["outcome"] = p.status
+            if queued:
+                row["node"] = p.nodes or "–"
+                row["queued (s, wall clock)"] = _cell(p.queued_s)
+            if clocks:
+                row[f"startup (s, {clocks[0]})"] = _cell(p.startup_s)
             for name in names:
                 row[figure_header(name)] = _cell(p.figures.get(name), name)
             rows.append(row)
@@ -176,16 +196,35 @@ def run_sweep(
     run_predicted_oom: bool = False,
     execution_timeout_s: float = 3600.0,
     trust_host_key: bool = False,
+    slurm: SlurmPlacement | None = None,
+    max_parallel: int = 1,
 ) -> SweepResult:
     """Run ``notebook`` at every point of ``grid`` (or at each of ``points``, from :func:`load_points`);
     returns the result with ``index.html`` (see module doc). Every point's parameters and every host the
-    points use are checked (the host connected to once) before the sweep's folder is made."""
+    points use are checked (the host connected to once) before the sweep's folder is made.
+
+    With ``slurm`` every point's servers are Slurm jobs (the notebook's ``slurm`` parameter) and up to
+    ``max_parallel`` points run at once: Slurm places them, and queues what does not fit now. Each point's
+    queue time and startup are read from its run."""
     if (grid is None) == (points is None):
         raise ConfigError("sweep", "", "either a grid of values or a list of points")
+    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+        raise ConfigError("max_parallel", max_parallel, "a whole number >= 1")
+    if max_parallel > 1 and slurm is None:
+        raise ConfigError(
+            "max_parallel",
+            max_parallel,
+            "1 without a Slurm placement (points on one host would share its GPUs); with --slurm-* Slurm "
+            "places the points",
+        )
     nb = find_notebook(notebook)
     declared = notebook_parameters(nb)
     fields = set(field_names())
     base = dict(parameters or {})
+    if slurm is not None:
+        if "slurm" not in declared:
+            raise ConfigError("slurm", slurm.words(), f"a notebook with a slurm parameter ({nb.stem} has none)")
+        base["slurm"] = slurm.to_text()
     combos = expand_grid(grid) if grid is not None else [dict(p) for p in points or ()]
     for key in sorted({k for c in combos for k in c} | set(base)):
         if key not in declared and not (key in fields and "overrides" in declared):
@@ -210,6 +249,7 @@ def run_sweep(
     fixed = _fixed(base, declared, swept)
     base_text = _base_text(fixed, declared)
     results: list[SweepPoint] = []
+    todo: list[tuple[SweepPoint, dict[str, Any]]] = []
     for values in combos:
         params = _point_parameters(base, values, declared)
         predicted, short, hint = _predict(params, declared)
@@ -218,14 +258,104 @@ def run_sweep(
         if point.predicted.startswith("OOM") and not run_predicted_oom:
             point.status = "skipped"
             continue
-        run = run_notebook(
-            nb, params, reports_root=folder, execution_timeout_s=execution_timeout_s, raise_on_error=False
-        )
+        todo.append((point, params))
+
+    def record(point: SweepPoint, run: Any) -> None:
         point.status = "ok" if run.ok else "failed"
         point.run_dir, point.report, point.figures = str(run.run_dir), str(run.report), dict(run.figures)
+        point.queued_s, point.startup_s, point.startup_clock, point.nodes = _times(Path(run.run_dir))
         _write(nb, folder, results, fixed, base_text)
+
+    if max_parallel == 1:
+        for point, params in todo:
+            run = run_notebook(
+                nb, params, reports_root=folder, execution_timeout_s=execution_timeout_s, raise_on_error=False
+            )
+            record(point, run)
+    else:
+        _run_side_by_side(nb, todo, folder, execution_timeout_s, max_parallel, record)
     index = _write(nb, folder, results, fixed, base_text)
     return SweepResult(nb.stem, folder, index, results, fixed, base_text)
+
+
+def _run_side_by_side(
+    nb: Path,
+    todo: Sequence[tuple[SweepPoint, dict[str, Any]]],
+    folder: Path,
+    execution_timeout_s: float,
+    max_parallel: int,
+    record: Any,
+) -> None:
+    """Up to ``max_parallel`` points at once, each a notebook run in a process of its own
+    (:mod:`dsv4lab.notebook.pointrun`); a point's outcome is its run dir's record. On Stop every running
+    point is interrupted as a Ctrl-C would (its report is written) and its servers are stopped (their jobs
+    cancelled); the finished points stay."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    waiting = list(todo)
+    running: dict[int, tuple[subprocess.Popen[bytes], SweepPoint, Path]] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < max_parallel:
+                point, params = waiting.pop(0)
+                run_dir = new_run_dir(folder, nb.stem)
+                spec = run_dir / "point.json"
+                spec.write_text(
+                    json.dumps(
+                        {
+                            "notebook": str(nb),
+                            "parameters": params,
+                            "run_dir": str(run_dir),
+                            "execution_timeout_s": execution_timeout_s,
+                        }
+                    ),
+                    encoding="utf-8",
+                )
+                proc = subprocess.Popen([sys.executable, "-m", "dsv4lab.notebook.pointrun", str(spec)])
+                running[proc.pid] = (proc, point, run_dir)
+            for pid, (proc, point, run_dir) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[pid]
+                    with contextlib.suppress(OSError):
+                        (run_dir / "point.json").unlink()  # params.json keeps the parameters
+                    record(point, read_run(nb, run_dir, dict(point.parameters)))
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        for proc, _, _ in running.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 60
+        for proc, point, run_dir in running.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            stop_orphans(run_dir)
+            point.status = "interrupted"
+            point.run_dir, point.report = str(run_dir), str(run_dir / "report.html")
+        raise
+
+
+def _times(run_dir: Path) -> tuple[float | None, float | None, str, str]:
+    """The first server's queue time and startup in a point's run (its earliest ``readiness.json``)."""
+    import json
+
+    found = sorted(run_dir.glob("**/readiness.json"), key=lambda p: p.stat().st_mtime)
+    for path in found:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if data.get("verdict") in ("READY", "CRASHED", "STALLED", "TIMEOUT", "QUEUED"):
+            clock = data.get("clock") or {}
+            reading = str(clock.get("reading") or "wall clock")
+            nodes = ",".join((data.get("slurm") or {}).get("nodes") or [])
+            return data.get("queued_s"), data.get("elapsed_s"), reading, nodes
+    return None, None, "", ""
 
 
 def _point_parameters(base: dict[str, Any], values: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
@@ -309,8 +439,19 @@ def _base_text(fixed: Mapping[str, Any], declared: Mapping[str, Any]) -> str:
 
 def held_text(fixed: Mapping[str, Any]) -> str:
     """The fixed parameters in one line (empty values left out)."""
-    shown = [f"{k}={v}" for k, v in fixed.items() if v not in ("", None, [])]
+    shown = [f"{k}={_held(k, v)}" for k, v in fixed.items() if v not in ("", None, [])]
     return ", ".join(shown) or "nothing"
+
+
+def _held(name: str, value: Any) -> Any:
+    """A fixed value as a reader wants it: a Slurm placement in words (``partition gpu: 1 node x 8 GPUs,
+    10 min``), not the JSON the notebooks are passed."""
+    if name == "slurm" and isinstance(value, str):
+        with contextlib.suppress(DSV4LabError):
+            placement = SlurmPlacement.parse(value)
+            if placement is not None:
+                return placement.words()
+    return value
 
 
 #: Units of the figures notebooks record, by name ending (a figure a sweep shows must say its unit).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import altair as alt
 import numpy as np
@@ -102,6 +102,50 @@ class _TimeAxis:
 
 
 @dataclass(frozen=True)
+class _Device:
+    """What the samples measure, in the chart's words: a GPU's memory (nvidia-smi), or on a host without
+    one (vLLM's CPU build) the resident memory of the server's process group on the host's memory node."""
+
+    prefix: str
+    subject: str
+    axis: str
+    legend: str
+    capacity: str
+    per: str
+    counted: str
+    source: str
+
+    GPU: ClassVar[_Device]
+    HOST: ClassVar[_Device]
+
+    @classmethod
+    def of(cls, samples: pd.DataFrame) -> _Device:
+        return cls.HOST if samples.attrs.get("memory_of") == "host" else cls.GPU
+
+
+_Device.GPU = _Device(
+    prefix="GPU",
+    subject="GPU memory",
+    axis="GPU memory used (GiB)",
+    legend="GPU (nvidia-smi index)",
+    capacity="capacity",
+    per="per GPU",
+    counted="GPU",
+    source="nvidia-smi on the server host",
+)
+_Device.HOST = _Device(
+    prefix="node",
+    subject="Host memory",
+    axis="resident memory of the server's processes (GiB)",
+    legend="host memory node",
+    capacity="host memory (MemTotal)",
+    per="of host memory",
+    counted="memory node",
+    source="ps (RSS of the server's process group) on the server host, no GPU",
+)
+
+
+@dataclass(frozen=True)
 class _TimelineFrames:
     """What a memory timeline draws, already on its axis: one line per GPU, the phase bands (None: no band
     layer), the reference lines (capacity, the static cap), the OOM's point (None: not drawn)."""
@@ -118,6 +162,7 @@ class _TimelineFrames:
     gpu_names: list[str]
     gpu_range: list[str]
     t0: pd.Timestamp | None
+    device: _Device
 
     @property
     def y_scale(self) -> alt.Scale:
@@ -139,6 +184,7 @@ def memory_timeline(
     title: str | Sequence[str] | None = None,
     max_points: int = MAX_POINTS,
     clock: Clock | None = None,
+    references: Sequence[tuple[float, str]] = (),
 ) -> alt.LayerChart:
     """Used memory per GPU over time, with the startup phases as bands, the card's capacity, the line
     ``mem_fraction_static`` puts under weights + KV pool, and the OOM marked with its figures.
@@ -151,7 +197,10 @@ def memory_timeline(
     carry); or pass ``phases`` / ``oom`` from :mod:`dsv4lab.model.budget` yourself. A ``preflight`` supplies
     ``mem_fraction_static`` and the free memory before load that place the static line exactly; without
     it the line is estimated from the GPU's lowest sample. ``highlight`` (default: the OOM's GPU) is drawn
-    thicker and on top.
+    thicker and on top. ``references`` are further dashed lines, each ``(GiB, label)`` (a prediction).
+
+    Samples whose ``attrs["memory_of"]`` is ``"host"`` (vLLM's CPU build: the server's process group's
+    resident memory against the memory node's total) are labelled as host memory, not GPU memory.
     """
     f = _timeline_frames(
         samples,
@@ -165,6 +214,7 @@ def memory_timeline(
         highlight=highlight,
         max_points=max_points,
         clock=clock,
+        references=references,
     )
     layers: list[Any] = [] if f.spans is None else [_phase_bands(f, f.spans)]
     layers += [_memory_lines(f), _reference_rules(f), *_reference_labels(f)]
@@ -195,6 +245,7 @@ def _timeline_frames(
     highlight: int | None,
     max_points: int,
     clock: Clock | None,
+    references: Sequence[tuple[float, str]] = (),
 ) -> _TimelineFrames:
     """The samples, phases, references and OOM as the chart's frames, every time on the reader's clock."""
     if samples is None or samples.empty:
@@ -221,14 +272,15 @@ def _timeline_frames(
     spans = _spans_frame(phases, t0)
     axis = _TimeAxis.over(_reading_time(clock, spans), data["t"])
     total = float(data["total_mib"].max()) / 1024
-    lines, gpu_names, gpu_range = _lines_frame(data, axis, highlight)
+    device = _Device.of(samples)
+    lines, gpu_names, gpu_range = _lines_frame(data, axis, highlight, device.prefix)
     oom_at = (
         axis((oom.time - t0).total_seconds()) if oom is not None and oom.time is not None and t0 is not None else None
     )
     return _TimelineFrames(
         lines=lines,
         spans=None if spans.empty else _spans_on_axis(spans, axis),
-        refs=_refs_frame(data, total, highlight, mem_fraction_static, free_before_load_gib),
+        refs=_refs_frame(data, total, highlight, mem_fraction_static, free_before_load_gib, device, references),
         oom_point=None if oom is None or oom_at is None else _oom_frame(oom, oom_at, axis, lines, total),
         oom_at=oom_at,
         oom=oom,
@@ -238,6 +290,7 @@ def _timeline_frames(
         gpu_names=gpu_names,
         gpu_range=gpu_range,
         t0=t0,
+        device=device,
     )
 
 
@@ -265,22 +318,23 @@ def _preflight_free_before_load(preflight: Preflight, oom: OomPoint | None, high
 
 
 def _lines_frame(
-    data: pd.DataFrame, axis: _TimeAxis, highlight: int | None
+    data: pd.DataFrame, axis: _TimeAxis, highlight: int | None, prefix: str = "GPU"
 ) -> tuple[pd.DataFrame, list[str], list[str]]:
     """The lines' rows with the GPUs' names and colours; the highlighted GPU is black, thicker, and last."""
     lines = pd.DataFrame(
         {
             "t": [round(axis(float(t)), 4) for t in data["t"]],
             "used_gib": (data["used_mib"] / 1024).round(3),
-            "GPU": [f"GPU {g}" for g in data["gpu"]],
+            "GPU": [f"{prefix} {g}" for g in data["gpu"]],
             "width": [3.0 if g == highlight else 1.5 for g in data["gpu"]],
         }
     )
     gpu_names = sorted(lines["GPU"].unique(), key=lambda s: int(s.split()[1]))
     palette = [c for c in GPU_COLORS if c != GPU_COLORS[0]][: len(gpu_names)]
-    gpu_range = ["#000000" if name == f"GPU {highlight}" else palette[i] for i, name in enumerate(gpu_names)]
+    gpu_range = ["#000000" if name == f"{prefix} {highlight}" else palette[i] for i, name in enumerate(gpu_names)]
     # The highlighted GPU is drawn last, on top of the others it overlaps.
-    lines = lines.assign(_top=(lines["GPU"] == f"GPU {highlight}").astype(int)).sort_values(["_top", "GPU", "t"])
+    top = (lines["GPU"] == f"{prefix} {highlight}").astype(int)
+    lines = lines.assign(_top=top).sort_values(["_top", "GPU", "t"])
     return lines, gpu_names, gpu_range
 
 
@@ -303,10 +357,15 @@ def _refs_frame(
     highlight: int | None,
     mem_fraction_static: float | None,
     free_before_load_gib: float | None,
+    device: _Device | None = None,
+    references: Sequence[tuple[float, str]] = (),
 ) -> pd.DataFrame:
     """The capacity line, and the cap SGLang puts on weights + KV pool: context and other processes plus
-    ``mem_fraction_static`` of the free memory before load (estimated from the lowest sample when not given)."""
-    refs = [{"y": total, "label": f"capacity {total:.1f} GiB", "dash": "solid"}]
+    ``mem_fraction_static`` of the free memory before load (estimated from the lowest sample when not given);
+    then the caller's ``references``."""
+    what = (device or _Device.GPU).capacity
+    refs = [{"y": total, "label": f"{what} {total:.1f} GiB", "dash": "solid"}]
+    refs += [{"y": float(y), "label": str(label), "dash": "dashed"} for y, label in references]
     if mem_fraction_static is not None:
         if free_before_load_gib is None:
             gpu = highlight if highlight is not None else data["gpu"].iloc[0]
@@ -381,10 +440,10 @@ def _memory_lines(f: _TimelineFrames) -> alt.Chart:
         .mark_line(interpolate="step-after")
         .encode(
             x=x,
-            y=alt.Y("used_gib:Q", title="GPU memory used (GiB)", scale=f.y_scale),
+            y=alt.Y("used_gib:Q", title=f.device.axis, scale=f.y_scale),
             color=alt.Color(
                 "GPU:N",
-                title="GPU (nvidia-smi index)",
+                title=f.device.legend,
                 scale=alt.Scale(domain=f.gpu_names, range=f.gpu_range),
                 sort=f.gpu_names,
             ),
@@ -474,12 +533,12 @@ def _oom_marker(f: _TimelineFrames, point: pd.DataFrame, oom_t: float) -> list[a
 def _timeline_title(f: _TimelineFrames, config: str, title: str | Sequence[str] | None) -> str | list[str]:
     if title is not None:
         return title if isinstance(title, str) else list(title)
-    subject = config or "GPU memory"
+    subject = config or f.device.subject
     if f.oom is not None:
         where = f" in {f.oom.phase}" if f.oom.phase else ""
-        return f"{subject}: GPU {f.oom.gpu} ran out of memory{where}"
+        return f"{subject}: {f.device.prefix} {f.oom.gpu} ran out of memory{where}"
     peak = float(f.lines["used_gib"].max())
-    return f"{subject}: peak {peak:.1f} of {f.total_gib:.1f} GiB per GPU"
+    return f"{subject}: peak {peak:.1f} of {f.total_gib:.1f} GiB {f.device.per}"
 
 
 def _timeline_subtitle(f: _TimelineFrames, samples: pd.DataFrame) -> str:
@@ -488,7 +547,7 @@ def _timeline_subtitle(f: _TimelineFrames, samples: pd.DataFrame) -> str:
         start = f" from {f.t0.strftime('%Y-%m-%d %H:%M:%S')} (host time, UTC{_offset(f.t0)})"
     interval = samples.attrs.get("interval_ms")
     every = f" every {fmt_ms(f.clock.seconds(float(interval)))}" if interval else ""
-    subtitle = f"nvidia-smi on the server host{every}{start}; {plural(len(f.gpu_names), 'GPU')}"
+    subtitle = f"{f.device.source}{every}{start}; {plural(len(f.gpu_names), f.device.counted)}"
     if f.clock.is_twin:
         subtitle += f"; twin run at time scale {f.clock.time_scale:g}, times shown for the modelled hardware"
     return subtitle

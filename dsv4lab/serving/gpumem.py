@@ -74,11 +74,28 @@ class SmiCommand:
     executable: tuple[str, ...] = ("nvidia-smi",)
     env: Mapping[str, str] = field(default_factory=dict)
 
+    def in_slurm_job(self, job_id: str, slurm_conf: str | None = None) -> SmiCommand:
+        """The same command run on a Slurm job's node, inside its allocation (``srun --jobid --overlap``: it
+        sees the job's GPUs), once the job runs; it waits while the job is queued."""
+        env = {**self.env, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
+        return SmiCommand(("bash", "-c", _IN_SLURM_JOB, "dsv4lab-smi", job_id, *self.executable), env)
+
     def argv(self, interval_ms: int, gpus: Sequence[int] | None = None) -> list[str]:
         words = [*self.executable, f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
         if gpus:
             words.append(f"--id={','.join(str(g) for g in gpus)}")
         return [*words, "-lms", str(interval_ms)]
+
+
+# Wait while the job is queued, then run the sampler as an overlapping step of the job on its first node.
+_IN_SLURM_JOB = r"""
+job=$1; shift
+while st=$(squeue -h -j "$job" -o %T 2>/dev/null) && { [ "$st" = PENDING ] || [ "$st" = CONFIGURING ]; }; do
+  sleep 0.5
+done
+[ "$st" = RUNNING ] || { echo "Slurm job $job is ${st:-gone}: no GPUs to sample" >&2; exit 3; }
+exec srun --jobid="$job" --overlap --nodes=1 --ntasks=1 --quiet "$@"
+"""
 
 
 def smi_command_for(
@@ -225,8 +242,10 @@ class GpuSampler:
         """The host's UTC offset as a tzinfo (pass it to :func:`dsv4lab.model.budget.phases_from_log`)."""
         return _tz(self._utc_offset_s)
 
-    def start(self) -> GpuSampler:
-        """Start sampling; returns once the first sample is in, raises :class:`GpuSamplerError` if none comes."""
+    def start(self, *, wait_first: bool = True) -> GpuSampler:
+        """Start sampling; returns once the first sample is in, raises :class:`GpuSamplerError` if none comes.
+        ``wait_first=False`` returns at once (a queued Slurm job's GPUs are sampled only once it runs;
+        ``error`` then says why none came)."""
         if self.running:
             return self
         self._stop.clear()
@@ -239,6 +258,8 @@ class GpuSampler:
             self._csv_writer.writerow(COLUMNS)
         self._thread = threading.Thread(target=self._run, name=f"gpu-sampler-{self.host.name}", daemon=True)
         self._thread.start()
+        if not wait_first:
+            return self
         deadline = time.monotonic() + self.start_timeout_s
         while not self._first.wait(0.05):
             if self.error is not None or not self._thread.is_alive() or time.monotonic() > deadline:
@@ -247,6 +268,15 @@ class GpuSampler:
                     f"no GPU sample from {self.host.name} within {self.start_timeout_s:.0f} s (`{' '.join(self.argv)}`)"
                 )
         return self
+
+    def wait_first(self, timeout_s: float | None = None) -> bool:
+        """Wait (up to ``timeout_s``, default the start timeout) for the first sample of a sampler started with
+        ``wait_first=False``; whether one came."""
+        deadline = time.monotonic() + (self.start_timeout_s if timeout_s is None else timeout_s)
+        while not self._first.wait(0.05):
+            if self.error is not None or not self.running or time.monotonic() > deadline:
+                return self._first.is_set()
+        return True
 
     def stop(self, timeout_s: float = 1.5) -> pd.DataFrame:
         """Stop sampling (the remote loop process ends with its channel); returns :meth:`frame`."""

@@ -167,7 +167,7 @@ def read_model_facts(
 
 @dataclass
 class HostProbe:
-    """What an engine's launch check may ask of the server host (:meth:`dsv4lab.engines.Engine.check_on_host`),
+    """What an engine's launch check may ask of the server host (:meth:`dsv4lab.engines.Engine.predict_on_host`),
     read only when asked: a check that needs no memory figures costs no remote command."""
 
     host: Host

@@ -10,25 +10,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import posixpath
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dsv4lab.config import AnyConfig
 from dsv4lab.config.launch_script import render_env_file
 from dsv4lab.config.server_config import ServerConfig
 from dsv4lab.counts import plural
-from dsv4lab.engines import Engine, SGLangEngine, get_engine
-from dsv4lab.errors import DSV4LabError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
-from dsv4lab.hosts import Host, KillReport, LocalHost
+from dsv4lab.engines import Engine, get_engine
+from dsv4lab.errors import ConfigError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
+from dsv4lab.hosts import Host, LocalHost
 from dsv4lab.rundir import RunLayout
-from dsv4lab.units import Clock
+from dsv4lab.serving.handle import HANDLE_FILE, ServerHandle
+from dsv4lab.serving.slurm import Slurm, SlurmPlacement
+from dsv4lab.serving.slurm_handle import SlurmServerHandle
 
 __all__ = [
     "AnyConfig",
     "LaunchError",
     "ServerHandle",
+    "SlurmPlacement",
+    "SlurmServerHandle",
     "StaleServerError",
     "attach",
     "check_host",
@@ -38,9 +42,8 @@ __all__ = [
     "pick_port",
     "release_port",
     "reserve_port",
+    "submit_job",
 ]
-
-HANDLE_FILE = "handle.json"
 
 T = TypeVar("T")
 
@@ -131,138 +134,6 @@ def _start_once(host: Host, layout: RunLayout, run_dir: str, timeout_s: float) -
     )
 
 
-@dataclass
-class ServerHandle:
-    """A launched server: where it runs, what it is, and the files that tell its fate."""
-
-    host: Host
-    config: AnyConfig
-    run_dir: str
-    launcher_pid: int
-    started_at: float
-    target: str = "sglang"
-    #: The engine release whose flags were rendered (SGLang's for the twin and SGLang).
-    version: str = "0.5.23"
-    node_rank: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def layout(self) -> RunLayout:
-        return RunLayout(self.run_dir)
-
-    @property
-    def log_path(self) -> str:
-        return self.layout.log
-
-    @property
-    def port(self) -> int:
-        return self.config.port
-
-    @property
-    def engine(self) -> Engine:
-        return get_engine(self.target)
-
-    @property
-    def sglang_version(self) -> str:
-        """The release whose flags were rendered (named for SGLang, the first engine; see ``version``)."""
-        return self.version
-
-    @property
-    def settings(self) -> dict[str, str]:
-        """The engine settings the launch exported (the twin's profile, time scale, fault)."""
-        return dict(self.extra.get("twin_env") or {})
-
-    @property
-    def clock(self) -> Clock:
-        """The clock this server's figures are read on (the twin's modelled hardware, or as measured)."""
-        return self.engine.clock(self.settings)
-
-    def server_pid(self) -> int | None:
-        """PID of the server process, once the launch script has started it."""
-        text = self.host.read_text(self.layout.server_pid)
-        return int(text) if text and text.strip().isdigit() else None
-
-    def exit_status(self) -> int | None:
-        """The server's exit status when it has ended (or the launcher's, if it died before starting it)."""
-        for path in (self.layout.server_exit, self.layout.launcher_exit):
-            text = self.host.read_text(path)
-            if text and text.strip().lstrip("-").isdigit():
-                return int(text.strip())
-        return None
-
-    def is_alive(self) -> bool:
-        return self.host.is_alive(self.launcher_pid)
-
-    def stopped_on_purpose(self) -> bool:
-        """Whether :meth:`stop` (or ``dsv4lab stop``) ended this server."""
-        return self.host.read_text(self.layout.stopped) is not None
-
-    def stop(self, *, grace_s: float = 10.0) -> KillReport:
-        """End the launcher, the server and every child; report what was stopped.
-
-        A ``stopped.json`` marker goes into the run dir first, so that a watcher that sees the death calls
-        it STOPPED rather than CRASHED.
-        """
-        if self.is_alive():
-            marker = {"stopped_at": time.time(), "launcher_pid": self.launcher_pid}
-            with contextlib.suppress(DSV4LabError):  # the kill matters more than the marker
-                self.host.put_text(self.layout.stopped, json.dumps(marker) + "\n", mode=0o600)
-        report = self.host.kill_tree(self.launcher_pid, grace_s=grace_s)
-        pid = self.server_pid()
-        if pid is not None and self.host.is_alive(pid):  # a server that left the launcher's group
-            extra = self.host.kill_tree(pid, grace_s=grace_s)
-            report = KillReport(
-                report.root_pid,
-                tuple(sorted({*report.terminated, *extra.terminated})),
-                tuple(sorted({*report.killed, *extra.killed})),
-            )
-        return report
-
-    def reap(self, *, grace_s: float = 5.0) -> KillReport | None:
-        """End what a dead server left running in its launch's process group; ``None`` when the launcher is
-        still running (the server is not dead) or nothing was left.
-
-        A server's helpers can outlive it: vLLM's EngineCore and workers stay up, re-parented to PID 1 and
-        holding their memory, when the API server is SIGKILLed. The launch script leads the group they are
-        all in, so the group outlives its leader and its members are found by its id.
-        """
-        if self.host.is_alive(self.launcher_pid):
-            return None
-        report = self.host.kill_tree(self.launcher_pid, grace_s=grace_s)
-        return report if report.terminated or report.killed else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The handle as ``handle.json`` records it: secrets redacted (``env.sh`` alone keeps them)."""
-        from dsv4lab.secrets import collect_secrets, redact_data
-
-        record = {
-            "host": self.host.name,
-            "run_dir": self.run_dir,
-            "launcher_pid": self.launcher_pid,
-            "started_at": self.started_at,
-            "target": self.target,
-            "version": self.version,
-            **({"sglang_version": self.version} if isinstance(self.engine, SGLangEngine) else {}),
-            "node_rank": self.node_rank,
-            "port": self.port,
-            "config": self.config.to_dict(redact=True),
-            **self.extra,
-        }
-        data: dict[str, Any] = redact_data(record, collect_secrets(self.config, self.extra))
-        return data
-
-    def _repr_html_(self) -> str:
-        from dsv4lab import htmlview as hv
-
-        facts: list[tuple[str, object]] = [
-            ("host", f"{self.host.name} ({self.target}, {self.engine.release_words(self.version)})"),
-            ("port", str(self.port)),
-            ("run dir", self.run_dir),
-            ("launcher PID", str(self.launcher_pid)),
-        ]
-        return hv.card("launched server", hv.kv_table(facts))
-
-
 def find_listener(host: Host, port: int, *, timeout_s: float = 15.0) -> tuple[bool, list[int]]:
     """(something listens on ``port`` on the host's loopback, PIDs of the listeners when ``ss`` can tell)."""
     script = (
@@ -309,6 +180,14 @@ for attempt in 1 2 3; do
   if ( set -o noclobber; printf '%s\n' "$2" > "$f" ) 2>/dev/null; then echo RESERVED; exit 0; fi
   owner=$(sed -n 1p "$f" 2>/dev/null); pid=$(sed -n 2p "$f" 2>/dev/null)
   if [ "$owner" = "$2" ]; then rm -f -- "$f"; continue; fi
+  case "$pid" in
+    slurm:*)
+      conf=$(sed -n 3p "$f" 2>/dev/null)
+      if [ -n "$(timeout 3 env ${conf:+SLURM_CONF="$conf"} squeue -h -j "${pid#slurm:}" -o %T 2>/dev/null)" ]; then
+        echo "TAKEN - $owner"; exit 0
+      fi
+      rm -f -- "$f"; continue ;;
+  esac
   if [ -n "$pid" ]; then
     state=$(ps -o stat= -p "$pid" 2>/dev/null) && case "$state" in *Z*) ;; *) echo "TAKEN $pid $owner"; exit 0 ;; esac
     rm -f -- "$f"; continue
@@ -325,7 +204,8 @@ _CLAIM_PORT = (
     _PORTS_LOCKED
     + r"""
 f="$dir/$1"
-[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && printf '%s\n%s\n' "$2" "$3" > "$f.tmp" && mv -f -- "$f.tmp" "$f"
+[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] || exit 0
+printf '%s\n%s\n%s\n' "$2" "$3" "${4:-}" > "$f.tmp" && mv -f -- "$f.tmp" "$f"
 exit 0
 """
 )
@@ -355,10 +235,13 @@ dir=__STATE__/ports
 live=" $(ps -e -o pid= 2>/dev/null | tr -s ' \n' '  ') "
 for f in "$dir"/*; do
   [ -e "$f" ] || continue
-  pid=""
-  { IFS= read -r _owner; IFS= read -r pid; } < "$f" 2>/dev/null
+  pid=""; conf=""
+  { IFS= read -r _owner; IFS= read -r pid; IFS= read -r conf; } < "$f" 2>/dev/null
   case "$pid" in
     "") echo "${f##*/}" ;;
+    slurm:*)  # a Slurm job's: held while the job is queued or running (a controller silent for 3 s: not held)
+      st=$(timeout 3 env ${conf:+SLURM_CONF="$conf"} squeue -h -j "${pid#slurm:}" -o %T 2>/dev/null)
+      [ -n "$st" ] && echo "${f##*/}" ;;
     *[!0-9]*) ;;
     *) case "$live" in *" $pid "*) echo "${f##*/}" ;; esac ;;
   esac
@@ -501,6 +384,7 @@ def launch(
     replace_stale: bool = False,
     check: bool = True,
     preflight: bool = True,
+    placement: SlurmPlacement | None = None,
     timeout_s: float = 60.0,
 ) -> ServerHandle:
     """Upload the env file and launch script into ``run_dir`` on ``host``, start the server, return at once.
@@ -510,8 +394,11 @@ def launch(
     ``check`` it is checked first, with the kernel-config folder, in one remote call (:func:`check_host`).
     A port in use, or reserved by another launch, raises :class:`StaleServerError` unless
     ``replace_stale`` kills the process tree holding it. With ``preflight`` the engine's memory prediction
-    on this host (:meth:`Engine.check_on_host <dsv4lab.engines.Engine.check_on_host>`: vLLM's CPU build) refuses
+    on this host (:meth:`Engine.predict_on_host <dsv4lab.engines.Engine.predict_on_host>`: vLLM's CPU build) refuses
     a launch that would fail for memory; ``preflight=False`` launches it anyway, to watch it fail.
+
+    With a Slurm ``placement`` ``host`` is the cluster's login host: the launch script is submitted as a batch
+    job (:func:`submit_job`) and the handle follows the job (:class:`SlurmServerHandle`).
     """
     engine = get_engine(target)
     version = engine.resolve_version(sglang_version)
@@ -520,12 +407,27 @@ def launch(
     engine.check(config, version, twin_env)
     if python is None:
         python = engine.default_python(isinstance(host, LocalHost))
+    if placement is not None:
+        return submit_job(
+            host,
+            config,
+            run_dir,
+            placement,
+            engine=engine,
+            version=version,
+            python=python,
+            twin_env=twin_env,
+            check=check,
+            timeout_s=timeout_s,
+        )
     if check:
         _retry(lambda: check_host(host, config, target=target, python=python, timeout_s=timeout_s))
-    if preflight:
-        from dsv4lab.serving.hostmem import HostProbe
+    from dsv4lab.serving.hostmem import HostProbe
 
-        _retry(lambda: engine.check_on_host(config, version, HostProbe(host, timeout_s)))
+    # Made with or without ``preflight``: handle.json keeps it, and the memory chart draws its figures.
+    prediction = _retry(lambda: engine.predict_on_host(config, version, HostProbe(host, timeout_s)))
+    if preflight and prediction is not None and not prediction.fits:
+        raise prediction.refusal()
     run_dir = _retry(lambda: host.absolute_path(run_dir))
     layout = RunLayout(run_dir)
     _claim_run_dir(host, run_dir, replace_stale, timeout_s)
@@ -544,7 +446,9 @@ def launch(
     try:
         claim = ["bash", "-c", _ports_script(_CLAIM_PORT), "dsv4lab-port", str(config.port), run_dir, str(pid)]
         _retry(lambda: host.run(claim, timeout_s=timeout_s))
-        extra = {"twin_env": dict(twin_env or {}), "python": python}
+        extra: dict[str, Any] = {"twin_env": dict(twin_env or {}), "python": python}
+        if prediction is not None:
+            extra["preflight"] = prediction.to_dict()
         handle = ServerHandle(host, config, run_dir, pid, started, engine.name, version, _node_rank(config), extra)
         record = json.dumps(handle.to_dict(), indent=2)
         _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record, mode=0o600))
@@ -552,6 +456,86 @@ def launch(
         # Without handle.json nothing could find this server again: it must not outlive the failed launch.
         with contextlib.suppress(Exception):
             host.kill_tree(pid, grace_s=2.0)
+        with contextlib.suppress(Exception):
+            release_port(host, config.port, run_dir)
+        raise
+    return handle
+
+
+def submit_job(
+    host: Host,
+    config: AnyConfig,
+    run_dir: str,
+    placement: SlurmPlacement,
+    *,
+    engine: Engine,
+    version: str,
+    python: str,
+    twin_env: Mapping[str, str] | None = None,
+    check: bool = True,
+    timeout_s: float = 60.0,
+) -> SlurmServerHandle:
+    """:func:`launch` on a Slurm cluster: the job refused before anything is written when it could never run,
+    then the run dir, the launch script as its batch script, and ``handle.json`` with the job id.
+
+    The port is reserved as for a launch on the host (held while the job is queued or running); nothing is
+    checked for listening on the login host, which is not the node, and no host-memory preflight is made.
+    """
+    if placement.nodes > 1:
+        raise ConfigError(
+            "--slurm-nodes",
+            placement.nodes,
+            "1: a server spanning several nodes as one Slurm job is not supported yet (launch_nodes runs one "
+            "per SSH host)",
+        )
+    slurm = Slurm(host, slurm_conf=placement.slurm_conf, timeout_s=timeout_s)
+    needed = engine.gpus_per_node(config) if placement.gpus_per_node else None
+    _retry(lambda: slurm.check(placement, gpus_needed=needed))
+    if check:
+        _retry(lambda: check_host(host, config, target=engine.name, python=python, timeout_s=timeout_s))
+    run_dir = _retry(lambda: host.absolute_path(run_dir))
+    layout = RunLayout(run_dir)
+    _claim_run_dir(host, run_dir, False, timeout_s)
+    # The port is reserved in this user's dsv4lab state (shared by the login host and, on a shared home, the
+    # nodes), held while the job is queued or running: two of the user's jobs on one node never take one port.
+    _reserve_port(host, config.port, run_dir, False, timeout_s)
+    try:
+        _upload_config(host, layout, config, timeout_s)
+        script = engine.launch_script(config, run_dir=run_dir, version=version, python=python, settings=twin_env)
+        _retry(lambda: host.put_text(layout.script, script, mode=0o700))
+        started = time.time()
+        name = "dsv4lab-" + (posixpath.basename(run_dir.rstrip("/")) or "run")
+        job_id = slurm.submit(layout.script, run_dir, placement, job_name=name)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            release_port(host, config.port, run_dir)
+        raise
+    try:
+        claim = [
+            "bash",
+            "-c",
+            _ports_script(_CLAIM_PORT),
+            "dsv4lab-port",
+            str(config.port),
+            run_dir,
+            f"slurm:{job_id}",
+            placement.slurm_conf or "",
+        ]
+        _retry(lambda: host.run(claim, timeout_s=timeout_s))
+        extra: dict[str, Any] = {
+            "twin_env": dict(twin_env or {}),
+            "python": python,
+            "slurm": {"job_id": job_id, "placement": placement.to_dict()},
+        }
+        handle = SlurmServerHandle(
+            host, config, run_dir, 0, started, engine.name, version, 0, extra, job_id=job_id, placement=placement
+        )
+        record = json.dumps(handle.to_dict(), indent=2)
+        _retry(lambda: host.put_text(f"{run_dir}/{HANDLE_FILE}", record, mode=0o600))
+    except BaseException:
+        # Without handle.json nothing could find this job again: it must not stay queued.
+        with contextlib.suppress(Exception):
+            slurm.cancel(job_id)
         with contextlib.suppress(Exception):
             release_port(host, config.port, run_dir)
         raise
@@ -567,7 +551,17 @@ def _claim_run_dir(host: Host, run_dir: str, replace_stale: bool, timeout_s: flo
     # Private: the run dir holds env.sh with the server's secrets (0600 inside a 0700 dir; see render).
     _retry(lambda: host.run(["bash", "-c", _PRIVATE_DIR, "dsv4lab-mkdir", run_dir], timeout_s=timeout_s).check())
     previous = _read_handle(host, run_dir)
-    if previous is not None and _retry(lambda: host.is_alive(int(previous["launcher_pid"]))):
+    if previous is not None and "slurm" in previous:
+        old = _handle_from(host, run_dir, previous)
+        if _retry(old.is_alive):
+            if not replace_stale:
+                raise LaunchError(
+                    f"run dir {run_dir} on {host.name} already has a queued or running Slurm job "
+                    f"({previous['slurm'].get('job_id')}); stop it first (dsv4lab stop {run_dir}) or use another "
+                    "run dir"
+                )
+            old.stop(grace_s=10.0)
+    elif previous is not None and _retry(lambda: host.is_alive(int(previous["launcher_pid"]))):
         if not replace_stale:
             raise LaunchError(
                 f"run dir {run_dir} on {host.name} already has a running server (launcher PID "
@@ -600,7 +594,17 @@ def _free_port(host: Host, port: int, replace_stale: bool, timeout_s: float) -> 
 def _upload_config(host: Host, layout: RunLayout, config: AnyConfig, timeout_s: float) -> None:
     # An old stop marker would make the new server's death a "stop"; an old launcher.pid would be taken
     # for this launch's if the connection dropped while starting it.
-    old = ["rm", "-f", "--", layout.stopped, layout.launcher_pid]
+    # A queued job starts later: an old run's exit files would read as this one's death until then.
+    old = [
+        "rm",
+        "-f",
+        "--",
+        layout.stopped,
+        layout.launcher_pid,
+        layout.server_pid,
+        layout.server_exit,
+        layout.launcher_exit,
+    ]
     _retry(lambda: host.run(old, timeout_s=timeout_s).check())
     _retry(lambda: host.put_text(layout.config_file, config.to_toml(redact=True), mode=0o600))
     _retry(lambda: host.put_text(layout.env_file, render_env_file(config), mode=0o600))
@@ -673,9 +677,29 @@ def attach(host: Host, run_dir: str) -> ServerHandle:
     data = _read_handle(host, run_dir)
     if data is None:
         raise LaunchError(f"no dsv4lab launch in {run_dir} on {host.name} ({HANDLE_FILE} missing or unreadable)")
+    return _handle_from(host, run_dir, data)
+
+
+def _handle_from(host: Host, run_dir: str, data: Mapping[str, Any]) -> ServerHandle:
+    """The handle a ``handle.json`` records (a Slurm job's when it names one)."""
     target = str(data.get("target") or "sglang")
     config = get_engine(target).load_config(data["config"])
-    extra = {k: v for k, v in data.items() if k in ("twin_env", "python")}
+    extra = {k: v for k, v in data.items() if k in ("twin_env", "python", "preflight", "slurm")}
+    slurm = data.get("slurm")
+    if isinstance(slurm, Mapping):
+        return SlurmServerHandle(
+            host,
+            config,
+            run_dir,
+            0,
+            float(data["started_at"]),
+            target,
+            str(data.get("version") or data.get("sglang_version") or "0.5.23"),
+            0,
+            extra,
+            job_id=str(slurm["job_id"]),
+            placement=SlurmPlacement.from_dict(slurm.get("placement") or {}),
+        )
     return ServerHandle(
         host,
         config,

@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 from dsv4lab.errors import DSV4LabError, HostConnectionError, Interrupted
 from dsv4lab.hosts import Follower, KillReport, PortForward
 from dsv4lab.logs import Diagnosis, LineKind, Outcome, classify_line, diagnose
-from dsv4lab.logs.patterns import SHUTDOWN_SIGNAL
+from dsv4lab.logs.patterns import EXCEPTION_ANY, SHUTDOWN_SIGNAL
 from dsv4lab.progress import Progress, State
 from dsv4lab.serving.launch import ServerHandle
 from dsv4lab.units import REAL, WALL_CLOCK, Clock, fmt_s
@@ -71,6 +71,22 @@ def _is_definitive(text: str) -> bool:
     return "Traceback (most recent call last)" not in text
 
 
+#: How often a watch that has seen the ready line asks ``/health`` until it answers.
+_READY_PROBE_EVERY_S = 0.25
+#: How long after a fatal traceback's exception line the watcher waits for what follows it (a chained
+#: traceback, the next process's) before the verdict: the lines of one traceback arrive together, and a
+#: server's other processes may take many seconds to exit after it (vLLM's API server after its EngineCore).
+TRACEBACK_SETTLE_S = 0.5
+
+
+def _settled(seen: _Seen, now: float, dying_grace_s: float) -> bool:
+    """Whether a fatal error's traceback has had time to arrive: ``TRACEBACK_SETTLE_S`` after its exception
+    line, or ``dying_grace_s`` after the fatal line when no exception line came."""
+    if seen.exception_at is not None:
+        return now - seen.exception_at > min(TRACEBACK_SETTLE_S, dying_grace_s)
+    return seen.definitive_at is not None and now - seen.definitive_at > dying_grace_s
+
+
 class Verdict(str, Enum):
     """What the watcher concluded about the server *now* (never from old log lines alone)."""
 
@@ -82,6 +98,8 @@ class Verdict(str, Enum):
     STOPPED = "STOPPED"
     #: The user stopped the watch (Stop button, Ctrl-C); the readiness seen so far is kept.
     INTERRUPTED = "INTERRUPTED"
+    #: The watch's time ran out while the server's Slurm job was still waiting in the queue (reason given).
+    QUEUED = "QUEUED"
 
 
 #: Progress colour of each verdict: red for the ones that need the user's attention.
@@ -92,6 +110,7 @@ VERDICT_STATE: dict[Verdict, State] = {
     Verdict.TIMEOUT: "fail",
     Verdict.STOPPED: "warn",
     Verdict.INTERRUPTED: "warn",
+    Verdict.QUEUED: "warn",
 }
 
 
@@ -153,6 +172,11 @@ class Readiness:
     #: The verdict's moment by the log's own clock: seconds from the first to the deciding timestamped line
     #: (the ready line, or the last line of a death); None when the log has no timestamps.
     log_end_s: float | None = field(default=None, compare=False)
+    #: Seconds the server's Slurm job waited in the queue before it started (wall clock, by the controller),
+    #: apart from the startup the other figures count from the job's start; None without a queue.
+    queued_s: float | None = field(default=None, compare=False)
+    #: The Slurm job as last seen (:meth:`SlurmJob.to_dict <dsv4lab.serving.slurm.SlurmJob.to_dict>`).
+    job: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def ready(self) -> bool:
@@ -196,6 +220,9 @@ class Readiness:
             "last_phase": self.last_phase,
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
         }
+        if self.job is not None:
+            out["queued_s"] = None if self.queued_s is None else round(self.queued_s, 3)
+            out["slurm"] = dict(self.job)
         if self.clock.is_twin:
             out["elapsed_twin_clock_s"] = round(self.elapsed_s, 3)
             out["timeline_twin_clock"] = [{"phase": m.phase, "t": round(m.t, 3)} for m in self.timeline]
@@ -212,6 +239,9 @@ class Readiness:
             facts.append(("detected", f"{fmt_s(self.detected_after_s)} ({WALL_CLOCK}) after the first fatal sign"))
         if self.exit_status is not None:
             facts.append(("exit status", self.exit_status))
+        if self.job is not None:
+            queued = "still queued" if self.queued_s is None else f"{fmt_s(self.queued_s)} ({WALL_CLOCK}), apart"
+            facts.append(("Slurm job", f"{self.job.get('job_id')}: {self.job.get('state')}; queue time {queued}"))
         body = hv.kv_table(facts)
         if self.evidence:
             body += hv.fold(list(self.evidence), keep=15, summary="earlier evidence lines")
@@ -226,6 +256,17 @@ def _http_ok(url: str, timeout_s: float) -> bool:
             return int(resp.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def _end_in_background(handle: ServerHandle, *, wait_s: float) -> None:
+    """:meth:`ServerHandle.end_crashed` in a (non-daemon) thread: the verdict is out at once, a script still
+    waits for the crashed server's processes to be ended before it exits."""
+
+    def end() -> None:
+        with contextlib.suppress(Exception):
+            handle.end_crashed(wait_s=wait_s)
+
+    threading.Thread(target=end, name="dsv4lab-end-crashed", daemon=False).start()
 
 
 def stop_soon(handle: ServerHandle, *, grace_s: float = 5.0, wait_s: float = 0.8) -> KillReport | None:
@@ -266,9 +307,12 @@ def wait_ready(
     """Follow the log, liveness and health of ``handle`` until READY, CRASHED, STALLED or TIMEOUT.
 
     A fatal log line (an OOM, ``Scheduler hit an exception``, SGLang's own ``kill_process_tree``...) or a
-    dead process ends the wait at once; ``dying_grace_s`` only lets the rest of a traceback arrive. A ready
+    dead process ends the wait at once; ``dying_grace_s`` only lets the rest of a traceback arrive (half a
+    second after its exception line, :data:`TRACEBACK_SETTLE_S`, once that came). A ready
     line counts only while the process lives, so re-attaching to an old run dir reports the server *now*.
-    The user's Stop (Ctrl-C) stops the server unless ``keep_running`` and raises
+    A server that logged a fatal error and still runs is ended a moment after the verdict (its processes hold
+    memory and it cannot serve), unless ``keep_running``. The user's Stop (Ctrl-C) stops the server unless
+    ``keep_running`` and raises
     :class:`~dsv4lab.errors.Interrupted` carrying the readiness seen so far (verdict INTERRUPTED).
     ``hardware`` names the profile for the crash diagnosis's memory model (default: the twin's, or guessed
     from the log).
@@ -351,9 +395,13 @@ class _Seen:
     next_health: float
     fatal_at: float | None = None
     definitive_at: float | None = None  # a fatal line death follows (not a bare Traceback header)
+    exception_at: float | None = None  # an exception line after it: the traceback's end has arrived
+    stranger_noted: bool = False  # /health was answered by another process's listener on the port
+    next_ready_probe: float = 0.0  # after a ready line: when /health is asked next
     ready_at: float | None = None
     server_pid: int | None = None
     last_look: bool = False  # the deadline passed: one more round, then TIMEOUT
+    queued: Any | None = None  # the Slurm job while it waits in the queue (a SlurmJob), else None
 
 
 class _Watch:
@@ -381,6 +429,9 @@ class _Watch:
         self.last_ts: float | None = None
         self.ready_log_t: float | None = None  # the ready line's moment by the log's clock
         self.bar: Progress | None = None
+        self.queued_s: float | None = None  # the Slurm job's time in the queue, once it started
+        self.job: Any | None = None  # the Slurm job as last seen
+        self.scheduler_lines: list[str] = []  # what Slurm said about the job's end
 
     def close(self) -> None:
         if self.follower is not None:
@@ -443,6 +494,8 @@ class _Watch:
             # With no error block to show, the last lines the server (or its launch script) wrote are
             # the evidence: a missing env file or a bash error explains a silent exit.
             evidence = tuple(diag.evidence) or tuple(self.fatal_lines[-40:]) or tuple(list(self.lines)[-20:])
+            # How the scheduler ended the job is evidence whatever the log says.
+            evidence += tuple(line for line in self.scheduler_lines if line not in evidence)
             if verdict is Verdict.CRASHED and diag.cause:
                 reason = f"{reason} {diag.cause}".strip()
         return Readiness(
@@ -458,6 +511,8 @@ class _Watch:
             self.handle.clock,
             self.first_line_t,
             self.end_log_t(verdict),
+            self.queued_s,
+            self.job.to_dict() if self.job is not None else None,
         )
 
     def end_log_t(self, verdict: Verdict) -> float | None:
@@ -490,8 +545,31 @@ class _Watch:
                 delay = min(delay * 2, 4.0)
 
     def alive(self, server_pid: int | None) -> bool:
-        h = self.handle
-        return h.host.is_alive(h.launcher_pid) and (server_pid is None or h.host.is_alive(server_pid))
+        return self.handle.running(server_pid)
+
+    def in_queue(self, seen: _Seen, now: float) -> bool:
+        """Whether the server's job still waits in the scheduler's queue: shown live with its reason, and the
+        silence of a log nobody writes yet is no stall. When the job starts, the clock restarts at its
+        start: startup is counted from there, the queue time apart."""
+        job = self.handle.waiting()
+        if job is not None:
+            if (seen.queued is None or seen.queued.reason != job.reason) and self.bar is not None:
+                self.bar.update(f"QUEUED: Slurm job {job.job_id}, {job.reason_words()}")
+            seen.queued = self.job = job
+            seen.last_line_at = now
+            return True
+        if seen.queued is not None or self.job is None:
+            job = self.handle.job()
+            if job is not None:
+                self.job = job
+                self.queued_s = job.queued_s
+                if job.start_time is not None and (seen.queued is not None or self.origin < self.start):
+                    # Startup counts from the job's start (when this watch counts from the launch); the queue
+                    # is reported apart.
+                    self.origin = now - max(0.0, time.time() - job.start_time)
+                    seen.last_line_at = now
+            seen.queued = None
+        return False
 
     def death(self, status: int | None) -> str:
         """Say how the server ended, from the exit status, the stop marker and what it logged."""
@@ -534,6 +612,15 @@ class _Watch:
         while True:
             now = time.monotonic()
             if now - self.start > timeout_s:
+                if seen.last_look and seen.queued is not None:
+                    job = seen.queued
+                    return self.finish(
+                        Verdict.QUEUED,
+                        f"still queued after {timeout_s:.0f} s: Slurm job {job.job_id} is {job.state}, "
+                        f"Reason={job.reason_words()}",
+                        None,
+                        None,
+                    )
                 if seen.last_look:
                     return self.finish(
                         Verdict.TIMEOUT,
@@ -577,6 +664,8 @@ class _Watch:
                     seen.fatal_at = time.monotonic()
                 if seen.definitive_at is None and _is_definitive(text):
                     seen.definitive_at = time.monotonic()
+            if seen.definitive_at is not None and EXCEPTION_ANY.search(text):
+                seen.exception_at = time.monotonic()
 
     def judge(self, seen: _Seen, every: _Intervals, exit_status_wait_s: float) -> Readiness | None:
         """The verdict this round, if there is one: from the process (due, or at once after a ready or a fatal
@@ -588,14 +677,14 @@ class _Watch:
             or (seen.ready_at is not None and seen.fatal_at is None)
         ):
             seen.next_liveness = now + every.liveness_s
-            verdict = self.judge_process(seen, now, every.dying_grace_s, exit_status_wait_s)
+            verdict = self.judge_process(seen, now, every.dying_grace_s, exit_status_wait_s, every.http_timeout_s)
             if verdict is not None:
                 return verdict
+        if seen.queued is not None:
+            return None  # nothing runs yet: no port to ask, no log to fall silent
         if seen.fatal_at is None and now >= seen.next_health:
             seen.next_health = now + every.health_s
-            if self.forward is None:
-                self.forward = self.handle.host.forward(self.handle.port)
-            if _http_ok(f"{self.forward.url}/health", every.http_timeout_s):
+            if self.answers(seen, every.http_timeout_s):
                 self.mark("ready")
                 return self.finish(Verdict.READY, "GET /health answered 200", now, None)
         if seen.fatal_at is None and now - seen.last_line_at > every.stall_s:
@@ -608,21 +697,56 @@ class _Watch:
             )
         return None
 
+    def ours(self, seen: _Seen) -> bool:
+        """Whether the port that answered belongs to this server (see :meth:`ServerHandle.owns_port`); a
+        stranger's answer is noted once in the evidence and the watch goes on."""
+        try:
+            owned = self.handle.owns_port()
+        except DSV4LabError:
+            return True  # the host could not say: /health is the evidence there is
+        if owned is False and not seen.stranger_noted:
+            seen.stranger_noted = True
+            self.add(
+                f"[dsv4lab: GET /health on port {self.handle.port} was answered by another process, not this "
+                "server (it has not bound its port yet): not READY]"
+            )
+        return owned is not False
+
+    def answers(self, seen: _Seen, http_timeout_s: float) -> bool:
+        """``GET /health`` answers 200, and from this server's own listener."""
+        if self.forward is None:
+            self.forward = self.handle.forward()
+        return _http_ok(f"{self.forward.url}/health", http_timeout_s) and self.ours(seen)
+
     def judge_process(
-        self, seen: _Seen, now: float, dying_grace_s: float, exit_status_wait_s: float
+        self, seen: _Seen, now: float, dying_grace_s: float, exit_status_wait_s: float, http_timeout_s: float = 2.0
     ) -> Readiness | None:
         """A dead process is the verdict (stopped or crashed); a live one confirms a ready line, or a fatal
         one once the rest of its traceback had time to arrive."""
         h = self.handle
+        if self.in_queue(seen, now):
+            return None
         if seen.server_pid is None:
             seen.server_pid = h.server_pid()
         if not self.alive(seen.server_pid):
             return self.ended(seen, now, exit_status_wait_s)
         if seen.ready_at is not None and seen.fatal_at is None:
+            # The ready line can come before the port is served (uvicorn logs its startup before it listens;
+            # seen 20 s apart on a loaded machine): READY once /health answers too.
+            if now < seen.next_ready_probe:
+                return None
+            seen.next_ready_probe = now + _READY_PROBE_EVERY_S
+            if not self.answers(seen, http_timeout_s):
+                return None
             self.mark("ready")
-            return self.finish(Verdict.READY, "the server logged that it is ready, and it runs", seen.ready_at, None)
-        if seen.definitive_at is not None and now - seen.definitive_at > dying_grace_s:
-            return self.finish(Verdict.CRASHED, "the server logged a fatal error.", seen.fatal_at, h.exit_status())
+            return self.finish(
+                Verdict.READY, "the server logged that it is ready, it runs and GET /health answered 200", now, None
+            )
+        if seen.definitive_at is not None and _settled(seen, now, dying_grace_s):
+            verdict = self.finish(Verdict.CRASHED, "the server logged a fatal error.", seen.fatal_at, h.exit_status())
+            if not self.keep_running:  # after the verdict: its detection time is taken
+                _end_in_background(h, wait_s=dying_grace_s)
+            return verdict
         return None
 
     def ended(self, seen: _Seen, now: float, exit_status_wait_s: float) -> Readiness:
@@ -639,6 +763,14 @@ class _Watch:
             time.sleep(0.05)
             status = h.exit_status()
         why = self.death(status)
+        ended = h.end_words()
+        if ended is not None:
+            self.job = h.job(fresh=True) or self.job
+        if ended is not None and why != "stopped":
+            self.scheduler_lines = [f"[dsv4lab: {ended}]", *_job_output_tail(h)]
+            for line in self.scheduler_lines:
+                self.add(line)
+            why = f"{ended}; {why}"
         if why == "stopped":
             return self.finish(
                 Verdict.STOPPED,
@@ -651,6 +783,14 @@ class _Watch:
         with contextlib.suppress(DSV4LabError):
             h.reap()
         return verdict
+
+
+def _job_output_tail(handle: ServerHandle) -> list[str]:
+    """Slurm's own lines in the job's output file (``*** JOB 12 ON n1 CANCELLED AT ... DUE TO TIME LIMIT ***``):
+    the launch script sends its output to the server's log, so what is left there is slurmstepd's."""
+    job = handle.job()
+    text = handle.host.read_text(f"{handle.run_dir}/slurm-{job.job_id}.out", max_bytes=1 << 16) if job else None
+    return [line for line in (text or "").splitlines() if line.strip()][-5:]
 
 
 def wait_ready_all(

@@ -5,6 +5,7 @@ The launch script exports these for ``target="twin"``; tests and notebooks set t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -32,6 +33,15 @@ def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(tempfile.gettempdir()) / f"dsv4lab-twin-{os.getuid()}"
 
 
+def _allocated(hw: HardwareProfile, env: Mapping[str, str]) -> HardwareProfile:
+    """Inside a Slurm job the twin has the GPUs the job was given (``CUDA_VISIBLE_DEVICES``, as Slurm sets it
+    for ``--gres=gpu:N``), as a real server would see, not the whole host of its profile."""
+    if not env.get("SLURM_JOB_ID") or "CUDA_VISIBLE_DEVICES" not in env:
+        return hw
+    visible = [d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    return dataclasses.replace(hw, count=len(visible)) if len(visible) < hw.count else hw
+
+
 @dataclass(frozen=True)
 class TwinSettings:
     """What the twin emulates besides SGLang's flags."""
@@ -49,7 +59,7 @@ class TwinSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TwinSettings:
         env = os.environ if env is None else env
-        hw = hardware_profile(env.get("DSV4LAB_TWIN_HARDWARE", "").strip() or DEFAULT_HARDWARE)
+        hw = _allocated(hardware_profile(env.get("DSV4LAB_TWIN_HARDWARE", "").strip() or DEFAULT_HARDWARE), env)
         raw_scale = env.get("DSV4LAB_TWIN_TIME_SCALE", "").strip() or "1"
         try:
             scale = float(raw_scale)

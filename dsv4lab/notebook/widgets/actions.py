@@ -234,7 +234,7 @@ class ServerMonitor:
             while not self._stop.is_set():
                 self.log.append(line.text for line in follower.poll(self.poll_s))
                 self.log.flush()
-                starting = self.server.state == "starting"
+                starting = self.server.state == "starting" or self.server.state.startswith("QUEUED")
                 now = time.monotonic()
                 if starting and now >= next_chart:
                     next_chart = now + self.chart_every_s

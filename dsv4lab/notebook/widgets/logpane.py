@@ -55,6 +55,7 @@ class LogPane:
         self._lock = threading.Lock()
         self._dirty = False
         self._last_draw = 0.0
+        self._pending: threading.Timer | None = None
         self._title = "server.log"
         self.count = 0
         self.header = widgets.HTML(self._header_html())
@@ -83,15 +84,30 @@ class LogPane:
         self.flush()
 
     def flush(self, *, force: bool = False) -> None:
-        """Draw what arrived since the last draw (``force``: whatever the throttle says)."""
+        """Draw what arrived since the last draw (``force``: whatever the throttle says).
+
+        A draw the throttle holds back is made later by a timer: the last lines of a burst (a server's
+        READY line, its fatal one) would otherwise stay undrawn until more lines came, and none may come."""
         now = time.monotonic()
         with self._lock:
-            if not force and (not self._dirty or now - self._last_draw < self.min_redraw_s):
+            if not self._dirty and not force:
+                return
+            wait = self.min_redraw_s - (now - self._last_draw)
+            if not force and wait > 0:
+                if self._pending is None:
+                    self._pending = threading.Timer(wait, self._deferred)
+                    self._pending.daemon = True
+                    self._pending.start()
                 return
             snapshot = list(self._lines)
             self._dirty = False
             self._last_draw = now
         self.body.value = self._body_html(snapshot)
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._pending = None
+        self.flush()
 
     @property
     def lines(self) -> list[str]:

@@ -1,0 +1,365 @@
+"""Slurm as a placement, against a real private Slurm cluster (tests/slurmcluster.py) and the twin.
+
+The CLI contract (``launch --slurm-*``, ``watch``, ``ps``, ``stop``) end to end: a job QUEUED for Resources
+behind another 8-GPU job, READY with its queue time apart, a benchmark through the node's port, ``stop`` as
+scancel that returns when the job is gone and leaves no process behind (psutil), a cancel from outside and a
+time limit as the verdict's evidence, the login host over the loopback sshd, and bad input refused before
+anything is submitted. Without Slurm these skip locally and fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.slurmcluster import SlurmCluster, free_ports, require_slurm
+from tests.sshd import SSHD
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ALIAS = "login"
+
+#: The twin, fast: READY in a few seconds of wall time; no tuned kernel folder on this machine.
+TWIN = ["--preset", "config_a", "--twin", "--time-scale", "0.05", "--set", "kernel_config_dir="]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Port reservations of this module's launches in a state dir of their own (the CLI and the Lab read it)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DSV4LAB_STATE_DIR", str(tmp_path_factory.mktemp("slurm-state")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    require_slurm()
+    with SlurmCluster(tmp_path_factory.mktemp("slurm-launch"), kill_wait_s=2) as c:
+        yield c
+
+
+@pytest.fixture
+def idle(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    with cluster.for_one_test():
+        yield cluster
+
+
+def cli(cluster: SlurmCluster, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Any:
+    base = {**os.environ, **cluster.env, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4lab", *args], env=base, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def launch(cluster: SlurmCluster, run_dir: Path, port: int, *extra: str, env: dict[str, str] | None = None) -> str:
+    out = cli(
+        cluster,
+        "launch",
+        *TWIN,
+        "--set",
+        f"port={port}",
+        "--slurm-partition",
+        "gpu",
+        "--slurm-gpus",
+        "8",
+        "--slurm-time",
+        "10",
+        *extra,
+        "--run-dir",
+        str(run_dir),
+        "--json",
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    job = str(record["slurm"]["job_id"])
+    assert job.isdigit() and record["slurm"]["placement"]["gpus_per_node"] == 8
+    return job
+
+
+def watch(cluster: SlurmCluster, run_dir: Path, *extra: str, timeout: float = 120) -> dict[str, Any]:
+    out = cli(cluster, "watch", str(run_dir), "--json", "--timeout", str(timeout), *extra, timeout=timeout + 60)
+    assert out.stdout.strip(), out.stderr
+    data: dict[str, Any] = json.loads(out.stdout)
+    return data
+
+
+def processes_of(run_dir: Path) -> list[psutil.Process]:
+    """Live processes started for ``run_dir`` (the launch script and the twin's tree run there)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if str(run_dir) in " ".join(p.info["cmdline"] or []) or (p.info["cwd"] or "") == str(run_dir):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_queued_ready_bench_stop_and_a_cancel_from_outside(idle: SlurmCluster, tmp_path: Path) -> None:
+    cluster = idle
+    port_a, port_b = free_ports(2)
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    job_a = launch(cluster, run_a, port_a)
+    job_b = launch(cluster, run_b, port_b)
+
+    # B waits behind A's 8 GPUs: QUEUED with Slurm's reason, and the watch gives it back, not TIMEOUT.
+    cluster.wait_state(job_b, ["PENDING"])
+    queued = watch(cluster, run_b, timeout=3)
+    assert queued["verdict"] == "QUEUED", queued
+    assert queued["slurm"]["state"] == "PENDING" and queued["slurm"]["reason"] in ("Resources", "Priority")
+    assert f"Slurm job {job_b}" in queued["reason"] and queued["queued_s"] is None
+
+    ps = cli(cluster, "ps", "--root", str(tmp_path))
+    assert ps.returncode == 0, ps.stderr
+    assert f"slurm job {job_a}" in ps.stdout and f"slurm job {job_b}" in ps.stdout
+    assert "PENDING" in ps.stdout
+
+    ready = watch(cluster, run_a)
+    assert ready["verdict"] == "READY", ready
+    assert ready["slurm"]["state"] == "RUNNING" and ready["slurm"]["nodes"] == ["localhost"]
+    assert ready["queued_s"] is not None and ready["queued_s"] <= 5
+
+    bench = cli(
+        cluster,
+        "bench",
+        "--run-dir",
+        str(run_a),
+        "--num-prompts",
+        "4",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "32",
+        "--output-len",
+        "8",
+        "--json",
+    )
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(bench.stdout.splitlines()[-1])["completed"] == 4
+
+    assert processes_of(run_a), "the job's launch script and twin run in its run dir"
+    stopped = cli(cluster, "stop", str(run_a))
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"Slurm job {job_a}: cancelled (RUNNING → CANCELLED" in stopped.stdout
+    # stop returns when the job is gone: nothing of it runs on.
+    assert cluster.state(job_a) == "CANCELLED"
+    assert processes_of(run_a) == []
+    after = watch(cluster, run_a, timeout=10)
+    assert after["verdict"] == "STOPPED", after
+
+    # B starts once A's GPUs are free; its startup counts from its own start, the queue apart.
+    ready_b = watch(cluster, run_b)
+    assert ready_b["verdict"] == "READY", ready_b
+    assert ready_b["queued_s"] is not None and ready_b["queued_s"] >= 1.0
+
+    # scancel by someone else: the verdict says so, from Slurm's own record and the job's output.
+    cluster.run(["scancel", job_b])
+    cluster.wait_state(job_b, ["CANCELLED"])
+    verdict = watch(cluster, run_b, timeout=20)
+    assert verdict["verdict"] == "CRASHED", verdict
+    assert "the Slurm job was cancelled" in verdict["reason"] and verdict["slurm"]["state"] == "CANCELLED"
+    assert any(f"Slurm job {job_b}: CANCELLED" in line for line in verdict["evidence"]), verdict["evidence"]
+    assert any(f"*** JOB {job_b} ON localhost CANCELLED AT" in line for line in verdict["evidence"])
+    assert processes_of(run_b) == []
+
+
+def test_a_job_past_its_time_limit_is_a_timeout_in_the_verdict(idle: SlurmCluster, tmp_path: Path) -> None:
+    """A twin that hangs in graph capture, in a 1-minute job: the watch follows it until Slurm ends it
+    (slurmctld checks limits every 30 s: 60-90 s), and the verdict names the time limit."""
+    run_dir = tmp_path / "t"
+    (port,) = free_ports(1)
+    out = cli(
+        idle,
+        "launch",
+        *TWIN,
+        "--fault",
+        "capture_hang",
+        "--set",
+        f"port={port}",
+        "--slurm-partition",
+        "short",
+        "--slurm-gpus",
+        "8",
+        "--slurm-time",
+        "1",
+        "--run-dir",
+        str(run_dir),
+    )
+    assert out.returncode == 0, out.stderr
+    result = watch(idle, run_dir, "--stall-after", "600", timeout=150)
+    assert result["verdict"] == "CRASHED", result
+    assert "the Slurm job reached its time limit and Slurm ended it (1 min)" in result["reason"]
+    assert result["slurm"]["state"] == "TIMEOUT" and result["slurm"]["reason"] == "TimeLimit"
+    assert any("DUE TO TIME LIMIT" in line for line in result["evidence"]), result["evidence"]
+    assert processes_of(run_dir) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says", "code"),
+    [
+        (["--slurm-partition", "nosuch"], {}, "unknown Slurm partition 'nosuch' (allowed: gpu, short)", 2),
+        (["--slurm-gpus", "9"], {}, "--slurm-gpus=9 is not valid: at most 8: partition gpu's nodes have", 2),
+        (
+            ["--slurm-partition", "short", "--slurm-time", "10"],
+            {},
+            "--slurm-time=10 is not valid: at most 1 min: partition short's MaxTime",
+            2,
+        ),
+        (
+            ["--slurm-gpus", "4", "--set", "tp=8"],
+            {},
+            "--slurm-gpus=4 is not valid: at least 8: the server needs 8 GPUs per node",
+            2,
+        ),
+        (["--slurm-time", "0"], {}, "--slurm-time=0 is not valid: a whole number >= 1", 2),
+        (["--slurm-gpus", "8"], {"PATH": "no-slurm"}, "scontrol was not found on localhost", 6),
+    ],
+    ids=["unknown-partition", "nine-gpus", "time-over-partition", "config-needs-more-gpus", "zero-time", "no-slurm"],
+)
+def test_bad_input_is_one_line_and_nothing_is_submitted(
+    idle: SlurmCluster, tmp_path: Path, args: list[str], env: dict[str, str], says: str, code: int
+) -> None:
+    run_dir = tmp_path / "bad"
+    argv = ["launch", *TWIN, *args, "--run-dir", str(run_dir)]
+    if env.get("PATH") == "no-slurm":  # a PATH with the shell's tools and no Slurm commands
+        bare = tmp_path / "bin"
+        bare.mkdir()
+        for tool in ("env", "bash", "sh"):
+            (bare / tool).symlink_to(f"/usr/bin/{tool}" if Path(f"/usr/bin/{tool}").exists() else f"/bin/{tool}")
+        env = {"PATH": str(bare)}
+    out = cli(idle, *argv, env=env)
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert says in out.stderr, out.stderr
+    assert out.stderr.strip().count("\n") == 0, out.stderr  # one line
+    assert idle.active_jobs() == []
+    assert not run_dir.exists()
+
+
+def test_a_controller_that_is_not_there(idle: SlurmCluster, tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    moved = f"SlurmctldPort={free_ports(1)[0]}"
+    conf.write_text(idle.conf.read_text().replace(f"SlurmctldPort={idle.ctld_port}", moved))
+    argv = ["launch", *TWIN, "--slurm-partition", "gpu", "--run-dir", str(tmp_path / "r")]
+    out = cli(idle, *argv, env={"SLURM_CONF": str(conf)}, timeout=120)
+    assert out.returncode == 6, (out.stdout, out.stderr)
+    assert "the Slurm controller cannot be reached from localhost (SLURM_CONF=" in out.stderr, out.stderr
+    assert idle.active_jobs() == [] and not (tmp_path / "r").exists()
+
+
+def test_the_login_host_over_the_loopback_sshd(idle: SlurmCluster, sshd: SSHD, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host {ALIAS}\n  HostName {sshd.host}\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.key_path}\n  IdentitiesOnly yes\n"
+    )
+    env = {"HOME": str(home), "SSH_AUTH_SOCK": ""}
+    ssh = ["--host", ALIAS, "--known-hosts", sshd.known_hosts]
+    run_dir = tmp_path / "ssh-run"
+    (port,) = free_ports(1)
+    job = launch(idle, run_dir, port, *ssh, "--python", sys.executable, env=env)
+    ready = json.loads(
+        cli(idle, "watch", str(run_dir), *ssh, "--json", "--timeout", "120", env=env, timeout=180).stdout
+    )
+    assert ready["verdict"] == "READY" and ready["slurm"]["job_id"] == job, ready
+    ps = cli(idle, "ps", *ssh, "--root", str(tmp_path), env=env)
+    assert f"slurm job {job}" in ps.stdout and "RUNNING" in ps.stdout, (ps.stdout, ps.stderr)
+    stopped = cli(idle, "stop", str(run_dir), *ssh, env=env)
+    assert stopped.returncode == 0 and "CANCELLED" in stopped.stdout, (stopped.stdout, stopped.stderr)
+    assert idle.state(job) == "CANCELLED" and processes_of(run_dir) == []
+
+
+def test_a_lab_on_slurm_queues_and_reads_its_queue_time(idle: SlurmCluster, tmp_path: Path, monkeypatch: Any) -> None:
+    """``Lab(slurm=...)``: each server a job; the second waits QUEUED for the first's GPUs, with Slurm's
+    reason in its readiness, and starts once the first is stopped."""
+    from dsv4lab import Lab
+    from dsv4lab.serving.watch import Verdict
+
+    for key, value in idle.env.items():
+        monkeypatch.setenv(key, value)
+    placement = {"partition": "gpu", "gpus_per_node": 8, "time_min": 10, "slurm_conf": idle.env["SLURM_CONF"]}
+    with Lab(run_root=tmp_path / "runs", slurm=placement, progress=False) as lab:
+        a = lab.launch("config_a").wait(120)
+        b = lab.launch("config_a")
+        idle.wait_state(b.handle.job_id, ["PENDING"])  # type: ignore[attr-defined]
+        assert b.state.startswith("QUEUED ("), b.state  # what the panel and lab.ps() show while it waits
+        assert a.readiness is not None and a.readiness.verdict is Verdict.READY, a.readiness
+        b.wait(3)
+        assert b.readiness is not None and b.readiness.verdict is Verdict.QUEUED, b.readiness
+        assert "Resources" in b.readiness.reason or "Priority" in b.readiness.reason
+        rows = lab.ps().to_frame()
+        assert list(rows["slurm job"].str.split().str[1]) == ["RUNNING", "PENDING"]
+        assert "QUEUED" in b._repr_html_() or "PENDING" in b._repr_html_()
+        a.stop()
+        b.wait(120)
+        assert b.readiness is not None and b.readiness.verdict.value == "READY", b.readiness
+        assert b.readiness.queued_s is not None and b.readiness.queued_s >= 1.0
+    assert idle.active_jobs() == []
+    assert processes_of(tmp_path / "runs") == []
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    require_slurm()
+    with SlurmCluster(tmp_path_factory.mktemp("slurm-two"), nodes=("n1", "n2"), kill_wait_s=2) as c:
+        yield c
+
+
+def test_a_sweep_fans_out_over_two_nodes_with_its_queue_in_the_index(two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    """Four points, three submitted at a time, 8-GPU jobs on two 8-GPU nodes: Slurm runs two at once and queues
+    the third; the index has each point's queue time (wall clock) and startup (modelled) apart."""
+    two_nodes.wait_idle()
+    args = ["sweep", "04_config_b_fixed", "--reports", str(tmp_path), "--max-parallel", "3"]
+    args += ["-p", "cuda_graph_max_bs", "4,8,12,16", "-p", "mem_fraction_static", "0.9", "-p", "concurrency", "[1]"]
+    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "time_scale", "0.02"]
+    args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
+    out = cli(two_nodes, *args, timeout=900)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    index = Path(out.stdout.strip().splitlines()[-1])
+    sweep = json.loads((index.parent / "sweep.json").read_text())
+    points = sweep["points"]
+    assert [p["status"] for p in points] == ["ok"] * 4, points
+    assert all(p["verdict"] == "READY" for p in points), points
+    assert all(p["queued_s"] is not None and p["startup_s"] is not None for p in points), points
+    assert max(p["queued_s"] for p in points) >= 1.0, "the third job waited for a node"
+    # Which node ran each point, and how many ran at once: never more than the two nodes.
+    spans, nodes = [], set()
+    for path in sorted(index.parent.glob("*/*/readiness.json")):
+        record = json.loads(path.read_text())
+        nodes.update(record["slurm"]["nodes"])
+        job = two_nodes.job(record["slurm"]["job_id"])  # Slurm's own record of when the job ran
+        spans.append((job["StartTime"], job["EndTime"]))
+    assert len(spans) == 4
+    assert nodes == {"n1", "n2"}
+    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert most == 2, spans
+    html = index.read_text()
+    assert "queued (s, wall clock)" in html and "startup (s, modelled hardware)" in html
+    assert "queued (s, wall clock)" in out.stdout and " n1 " in out.stdout and " n2 " in out.stdout
+    assert "slurm=partition gpu: 1 node x 8 GPUs, 10 min" in html
+    assert two_nodes.active_jobs() == []
+
+
+def test_the_twin_has_the_gpus_its_job_was_given(idle: SlurmCluster, tmp_path: Path) -> None:
+    """An ``--sbatch-arg`` comes last and wins: ``--gres=gpu:4`` gives the job 4 GPUs, and the twin (as a real
+    server would) sees only those: a tp=8 config cannot start, and the verdict says why."""
+    run_dir = tmp_path / "four"
+    (port,) = free_ports(1)
+    launch(idle, run_dir, port, "--sbatch-arg=--gres=gpu:4")
+    result = watch(idle, run_dir, timeout=60)
+    assert result["verdict"] == "CRASHED", result
+    assert any("at most 4 GPUs per node" in line for line in result["evidence"]), result["evidence"]
+    assert result["slurm"]["state"] == "FAILED"
