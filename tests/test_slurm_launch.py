@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -363,3 +364,100 @@ def test_the_twin_has_the_gpus_its_job_was_given(idle: SlurmCluster, tmp_path: P
     assert result["verdict"] == "CRASHED", result
     assert any("at most 4 GPUs per node" in line for line in result["evidence"]), result["evidence"]
     assert result["slurm"]["state"] == "FAILED"
+
+
+def _processes_under(run_dir: Path) -> list[psutil.Process]:
+    """Live processes started for ``run_dir`` or any folder in it (a multi-node job's nodeK)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cwd = p.info["cwd"] or ""
+            if (
+                str(run_dir) in " ".join(p.info["cmdline"] or [])
+                or cwd == str(run_dir)
+                or cwd.startswith(f"{run_dir}/")
+            ):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_server_on_two_nodes_is_one_job_and_stop_ends_both(two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    """SGLang's multi-node launch as one 2-node job: an srun task per node runs that node's launch script
+    (node_rank from the job, the first node's address as the dist-init host), READY from node 0, which serves the
+    API; stop is scancel and leaves no process of either node (psutil)."""
+    from dsv4lab.config.server_config import ServerConfig
+    from dsv4lab.hosts import LocalHost
+    from dsv4lab.serving.launch import attach
+    from dsv4lab.serving.launch import launch as launch_server
+    from dsv4lab.serving.slurm import FIRST_NODE, SlurmPlacement
+    from dsv4lab.serving.watch import Verdict, wait_ready
+
+    two_nodes.wait_idle()
+    port, dist = free_ports(2)
+    config = ServerConfig(
+        model_path="dsv4lab/tiny-moe", tp=2, port=port, mem_fraction_static=0.8, nnodes=2, dist_init_addr=f"head:{dist}"
+    )
+    # The two Slurm nodes are this one machine: node 1's port is shifted by one (port_step), as in a rehearsal.
+    placement = SlurmPlacement("gpu", 8, 10, nodes=2, slurm_conf=two_nodes.env["SLURM_CONF"], port_step=1)
+    run_dir = tmp_path / "two"
+    settings = {"DSV4LAB_TWIN_TIME_SCALE": "0.05", "DSV4LAB_TWIN_HARDWARE": "tiny"}
+    handle = launch_server(LocalHost(), config, str(run_dir), target="twin", twin_env=settings, placement=placement)
+    try:
+        result = wait_ready(handle, 120, progress=False)
+        assert result.verdict is Verdict.READY, result
+        job = two_nodes.job(handle.job_id)  # type: ignore[attr-defined]
+        assert job["NodeList"] == "n[1-2]" and job["NumNodes"] == "2", job
+        for rank in (0, 1):
+            pid = int((run_dir / f"node{rank}" / "server.pid").read_text())
+            assert psutil.pid_exists(pid), f"node {rank}'s server is not running"
+            log = (run_dir / f"node{rank}" / "server.log").read_text()
+            assert f"127.0.0.1:{dist}" in log and FIRST_NODE not in log, log[-2000:]
+        assert "'node_rank': 1" in (run_dir / "node1" / "server.log").read_text()
+        # What `dsv4lab watch D` reads back: the same job, node 0's files.
+        again = attach(LocalHost(), str(run_dir))
+        assert again.log_path == str(run_dir / "node0" / "server.log")
+        assert wait_ready(again, 10, progress=False).verdict is Verdict.READY
+    finally:
+        handle.stop(grace_s=5)
+    assert two_nodes.state(handle.job_id) == "CANCELLED"  # type: ignore[attr-defined]
+    assert _processes_under(run_dir) == []
+    assert two_nodes.active_jobs() == []
+
+
+def test_one_dead_node_of_a_two_node_server_ends_the_job(two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    """A multi-node server is whole or gone: node 1's server SIGKILLed, srun ends node 0's (--kill-on-bad-exit),
+    the watch on node 0 says CRASHED with the job's end state in its evidence, and nothing is left."""
+    from dsv4lab.config.server_config import ServerConfig
+    from dsv4lab.hosts import LocalHost
+    from dsv4lab.serving.launch import launch as launch_server
+    from dsv4lab.serving.slurm import SlurmPlacement
+    from dsv4lab.serving.watch import Verdict, wait_ready
+
+    two_nodes.wait_idle()
+    port, dist = free_ports(2)
+    config = ServerConfig(
+        model_path="dsv4lab/tiny-moe", tp=2, port=port, mem_fraction_static=0.8, nnodes=2, dist_init_addr=f"head:{dist}"
+    )
+    placement = SlurmPlacement("gpu", 8, 10, nodes=2, slurm_conf=two_nodes.env["SLURM_CONF"], port_step=1)
+    run_dir = tmp_path / "two"
+    settings = {"DSV4LAB_TWIN_TIME_SCALE": "0.05", "DSV4LAB_TWIN_HARDWARE": "tiny"}
+    handle = launch_server(LocalHost(), config, str(run_dir), target="twin", twin_env=settings, placement=placement)
+    try:
+        assert wait_ready(handle, 120, progress=False).verdict is Verdict.READY
+        os.kill(int((run_dir / "node1" / "server.pid").read_text()), 9)
+        deadline = time.monotonic() + 60
+        while handle.exit_status() is None and time.monotonic() < deadline:  # node 0's script, or its job, ended
+            time.sleep(0.2)
+        assert handle.exit_status() is not None, "node 0's server outlived node 1's"
+        result = wait_ready(handle, 60, progress=False)
+        assert result.verdict is Verdict.CRASHED, result
+        assert any("Slurm job" in line for line in result.evidence), result.evidence
+        assert two_nodes.state(handle.job_id) in ("FAILED", "CANCELLED"), two_nodes.job(handle.job_id)  # type: ignore[attr-defined]
+    finally:
+        handle.stop(grace_s=5)
+    assert _processes_under(run_dir) == []
+    assert two_nodes.active_jobs() == []

@@ -3,10 +3,21 @@ parameter reads as, and how ``scontrol``'s words become states, times and exit s
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from dsv4lab.config.launch_script import render_launch_script
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.config.vllm_config import VllmConfig
+from dsv4lab.engines import get_engine
 from dsv4lab.errors import ConfigError, UnknownNameError
-from dsv4lab.serving.slurm import SlurmJob, SlurmPlacement, parse_fields
+from dsv4lab.hosts import LocalHost
+from dsv4lab.serving.launch import submit_job
+from dsv4lab.serving.slurm import FIRST_NODE, SlurmJob, SlurmPlacement, node_dir, parse_fields, render_nodes_batch
 from dsv4lab.serving.slurm import _minutes as minutes
 
 
@@ -87,3 +98,69 @@ def test_a_sweep_says_what_placement_it_held_in_words() -> None:
     assert held_text({"preset": "config_b", "slurm": placement.to_text()}) == (
         "preset=config_b, slurm=partition gpu: 1 node x 8 GPUs, 10 min"
     )
+
+
+# -- a server spanning several nodes as one job -------------------------------------------------------------------
+
+
+def test_a_server_on_two_nodes_is_one_srun_step_with_the_first_node_as_its_dist_init_host(tmp_path: Path) -> None:
+    """The batch script starts every node's launch script in one step (so scancel and the time limit end them
+    all, and one node's death ends the others), and each node's launch line reads the dist-init host on the node."""
+    run_dir = str(tmp_path / "a run")
+    batch = render_nodes_batch(run_dir, 2, version="test")
+    assert subprocess.run(["bash", "-n"], input=batch, text=True, check=False).returncode == 0
+    assert f"RUN_DIR={shlex.quote(run_dir)}" in batch
+    assert "exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in batch
+    assert '"$1/node$SLURM_NODEID/launch.sh"' in batch
+    assert "--ntasks-per-node=1" in SlurmPlacement("gpu", 8, 10, nodes=2).sbatch_options("/r", "j")
+    assert "--ntasks-per-node=1" not in SlurmPlacement("gpu", 8, 10).sbatch_options("/r", "j")
+
+    config = ServerConfig(
+        model_path="dsv4lab/tiny-moe", tp=2, nnodes=2, node_rank=1, dist_init_addr=f"{FIRST_NODE}:5000"
+    )
+    script = render_launch_script(
+        config,
+        run_dir=node_dir(run_dir, 1),
+        runtime_words={f"{FIRST_NODE}:5000": '"$DSV4LAB_DIST_INIT_HOST":5000'},
+    )
+    assert '--nnodes 2 --node-rank 1 --dist-init-addr "$DSV4LAB_DIST_INIT_HOST":5000 >>' in script
+    assert FIRST_NODE not in script
+    assert node_dir(run_dir, 1) == f"{run_dir}/node1"
+
+
+@pytest.mark.parametrize(
+    ("engine", "config", "nodes", "says"),
+    [
+        (
+            "vllm",
+            VllmConfig("/models/tiny"),
+            2,
+            "--slurm-nodes=2 is not valid: 1 for vllm: a server spanning several nodes as one job is SGLang's",
+        ),
+        (
+            "twin",
+            ServerConfig(model_path="dsv4lab/tiny-moe", tp=2),
+            2,
+            "--slurm-nodes=2 is not valid: 1, the config's nnodes: a server on N nodes is one job of N nodes "
+            "(set nnodes=2",
+        ),
+        (
+            "twin",
+            ServerConfig(model_path="dsv4lab/tiny-moe", tp=2, nnodes=2, dist_init_addr="head:5000"),
+            1,
+            "--slurm-nodes=1 is not valid: 2, the config's nnodes",
+        ),
+    ],
+)
+def test_a_job_whose_nodes_do_not_match_the_server_is_refused_before_slurm_is_asked(
+    tmp_path: Path, engine: str, config: Any, nodes: int, says: str
+) -> None:
+    """Refused before any Slurm command runs (no Slurm is needed here) and before the run dir is made."""
+    run_dir = tmp_path / "never"
+    placement = SlurmPlacement("gpu", 8, 10, nodes=nodes, slurm_conf=str(tmp_path / "no-such-slurm.conf"))
+    with pytest.raises(ConfigError) as info:
+        submit_job(
+            LocalHost(), config, str(run_dir), placement, engine=get_engine(engine), version="", python="python3"
+        )
+    assert says in str(info.value)
+    assert not run_dir.exists()

@@ -686,7 +686,12 @@ def _add_slurm_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm-partition", default=None, help="partition (default: the cluster's default)")
     g.add_argument("--slurm-gpus", type=int, default=None, help="GPUs per node (--gres=gpu:N; default 8)")
     g.add_argument("--slurm-time", type=int, default=None, help="time limit in whole minutes (default 60)")
-    g.add_argument("--slurm-nodes", type=int, default=None, help="nodes (default 1)")
+    g.add_argument(
+        "--slurm-nodes",
+        type=int,
+        default=None,
+        help="nodes (default 1); above 1, an SGLang server spanning them (its nnodes)",
+    )
     g.add_argument("--slurm-account", default=None, help="account to charge")
     g.add_argument("--slurm-qos", default=None, help="quality of service")
     g.add_argument("--slurm-constraint", default=None, help="node features the job needs")

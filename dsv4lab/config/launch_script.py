@@ -136,11 +136,13 @@ def render_launch_script(
     target: Target = "sglang",
     twin_env: Mapping[str, str] | None = None,
     command: Sequence[str] | None = None,
+    runtime_words: Mapping[str, str] | None = None,
 ) -> str:
     """The launch script of an SGLang server (or of the twin in its place): see :func:`render_script`.
 
     ``twin_env`` exports twin-only settings (profile, time scale, fault) when ``target="twin"``;
-    ``command`` replaces the server command prefix (used by tests with a stand-in server).
+    ``command`` replaces the server command prefix (used by tests with a stand-in server);
+    ``runtime_words`` as in :func:`render_script`.
     """
     release = resolve_release(sglang_version, warn=False)
     note = fallback_note(sglang_version) if isinstance(sglang_version, str) else None
@@ -163,6 +165,7 @@ def render_launch_script(
         exports=exports,
         exports_comment="Twin-only settings (the launch line stays SGLang's).",
         setup=setup,
+        runtime_words=runtime_words,
     )
 
 
@@ -176,6 +179,7 @@ def render_script(
     exports: Mapping[str, str] | None = None,
     exports_comment: str = "Engine settings.",
     setup: Sequence[str] = (),
+    runtime_words: Mapping[str, str] | None = None,
 ) -> str:
     """A bash script that starts a server with its output in ``server.log`` and records its fate.
 
@@ -187,9 +191,12 @@ def render_script(
 
     ``words`` is the server's command line, quoted here word by word; ``exports`` are set after the env
     files and the rendered env file; ``setup`` lines (dsv4lab's own text, never user input) run before
-    the server starts.
+    the server starts. ``runtime_words`` maps a word of the command line to a shell expression of dsv4lab's
+    own that stands in its place: a value only the node knows when the script runs (a Slurm job's first node,
+    the dist-init address of a multi-node server).
     """
     layout = RunLayout(run_dir)
+    runtime = dict(runtime_words or {})
     q = shlex.quote
     trap_body = 'echo "$?" > ' + _q_path(layout.launcher_exit)  # bash re-parses this when the trap fires
     out: list[str] = [
@@ -225,7 +232,7 @@ def render_script(
     out += [
         "",
         "# Start the server in the background so that its PID and exit status can be recorded.",
-        " ".join(q(w) for w in words) + ' >> "$LOG" 2>&1 < /dev/null &',
+        " ".join(runtime.get(w) or q(w) for w in words) + ' >> "$LOG" 2>&1 < /dev/null &',
         "server_pid=$!",
         f'echo "$server_pid" > {_q_path(layout.server_pid)}',
         "set +e",

@@ -89,9 +89,17 @@ class Engine(ABC):
 
     @abstractmethod
     def launch_script(
-        self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
+        self,
+        config: Any,
+        *,
+        run_dir: str,
+        version: str,
+        python: str,
+        settings: Mapping[str, str] | None,
+        runtime_words: Mapping[str, str] | None = None,
     ) -> str:
-        """The bash launch script (see :func:`dsv4lab.config.launch_script.render_script`)."""
+        """The bash launch script (see :func:`dsv4lab.config.launch_script.render_script`, which also says
+        what ``runtime_words`` are)."""
 
     @abstractmethod
     def load_config(self, data: Mapping[str, Any]) -> Any:

@@ -114,7 +114,14 @@ class SGLangEngine(Engine):
         render_argv(cfg, resolve_release(version, warn=False))  # and a flag the release lacks
 
     def launch_script(
-        self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
+        self,
+        config: Any,
+        *,
+        run_dir: str,
+        version: str,
+        python: str,
+        settings: Mapping[str, str] | None,
+        runtime_words: Mapping[str, str] | None = None,
     ) -> str:
         # The twin takes SGLang's launch line; what only it reads (its settings) is exported by the script.
         return render_launch_script(
@@ -124,4 +131,5 @@ class SGLangEngine(Engine):
             python=python,
             target="twin" if self.rehearsal else "sglang",
             twin_env=settings if self.rehearsal else None,
+            runtime_words=runtime_words,
         )

@@ -177,7 +177,14 @@ class VllmEngine(Engine):
         return vllm_preflight(cfg, memory, model=model, vllm_version=version, model_from_path=False)
 
     def launch_script(
-        self, config: Any, *, run_dir: str, version: str, python: str, settings: Mapping[str, str] | None
+        self,
+        config: Any,
+        *,
+        run_dir: str,
+        version: str,
+        python: str,
+        settings: Mapping[str, str] | None,
+        runtime_words: Mapping[str, str] | None = None,
     ) -> str:
         cfg = _vllm_config(config)
         render_env_file(cfg)
@@ -185,6 +192,7 @@ class VllmEngine(Engine):
             run_dir=run_dir,
             words=[*vllm_server_command(version, python=python), *render_vllm_argv(cfg, version)],
             what=f"vLLM {resolve_vllm_release(version).version} (target: vllm)",
+            runtime_words=runtime_words,
         )
 
     def smi(

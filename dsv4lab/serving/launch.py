@@ -9,6 +9,7 @@ detokenizer children behind, and a GPU held by an orphan blocks the next launch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import posixpath
 import time
@@ -22,9 +23,10 @@ from dsv4lab.counts import plural
 from dsv4lab.engines import Engine, get_engine
 from dsv4lab.errors import ConfigError, HostConnectionError, HostSetupError, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, LocalHost
+from dsv4lab.resources import __version__
 from dsv4lab.rundir import RunLayout
 from dsv4lab.serving.handle import HANDLE_FILE, ServerHandle
-from dsv4lab.serving.slurm import Slurm, SlurmPlacement
+from dsv4lab.serving.slurm import FIRST_NODE, Slurm, SlurmPlacement, node_dir, render_nodes_batch
 from dsv4lab.serving.slurm_handle import SlurmServerHandle
 
 __all__ = [
@@ -480,14 +482,11 @@ def submit_job(
 
     The port is reserved as for a launch on the host (held while the job is queued or running); nothing is
     checked for listening on the login host, which is not the node, and no host-memory preflight is made.
+    A placement of several nodes runs an SGLang server spanning them (its ``nnodes``) as one job: each node's
+    launch script in ``run_dir/nodeK``, started by one ``srun`` step
+    (:func:`~dsv4lab.serving.slurm.render_nodes_batch`); the handle follows node 0, which serves the API.
     """
-    if placement.nodes > 1:
-        raise ConfigError(
-            "--slurm-nodes",
-            placement.nodes,
-            "1: a server spanning several nodes as one Slurm job is not supported yet (launch_nodes runs one "
-            "per SSH host)",
-        )
+    node_configs = _job_node_configs(config, placement, engine)
     slurm = Slurm(host, slurm_conf=placement.slurm_conf, timeout_s=timeout_s)
     needed = engine.gpus_per_node(config) if placement.gpus_per_node else None
     _retry(lambda: slurm.check(placement, gpus_needed=needed))
@@ -500,8 +499,13 @@ def submit_job(
     # nodes), held while the job is queued or running: two of the user's jobs on one node never take one port.
     _reserve_port(host, config.port, run_dir, False, timeout_s)
     try:
-        _upload_config(host, layout, config, timeout_s)
-        script = engine.launch_script(config, run_dir=run_dir, version=version, python=python, settings=twin_env)
+        if len(node_configs) == 1:
+            _upload_config(host, layout, config, timeout_s)
+            script = engine.launch_script(config, run_dir=run_dir, version=version, python=python, settings=twin_env)
+        else:
+            _upload_nodes(host, run_dir, node_configs, engine, version, python, twin_env, timeout_s)
+            config = node_configs[0]
+            script = render_nodes_batch(run_dir, len(node_configs), version=__version__)
         _retry(lambda: host.put_text(layout.script, script, mode=0o700))
         started = time.time()
         name = "dsv4lab-" + (posixpath.basename(run_dir.rstrip("/")) or "run")
@@ -540,6 +544,64 @@ def submit_job(
             release_port(host, config.port, run_dir)
         raise
     return handle
+
+
+def _job_node_configs(config: AnyConfig, placement: SlurmPlacement, engine: Engine) -> list[AnyConfig]:
+    """The config of each node of the job: the config itself on one node; on several, SGLang's ``nnodes``
+    ranks with the job's first node as the dist-init host (known when the job runs) and its port kept."""
+    nodes = placement.nodes
+    spans = config.nnodes if isinstance(config, ServerConfig) else 1
+    if nodes == 1 and spans == 1:
+        return [config]
+    if not isinstance(config, ServerConfig):
+        raise ConfigError(
+            "--slurm-nodes",
+            nodes,
+            f"1 for {engine.name}: a server spanning several nodes as one job is SGLang's (nnodes, node_rank, "
+            "dist_init_addr)",
+        )
+    if spans != nodes:
+        raise ConfigError(
+            "--slurm-nodes",
+            nodes,
+            f"{spans}, the config's nnodes: a server on N nodes is one job of N nodes (set nnodes={nodes}, and "
+            "dist_init_addr=HOST:PORT, whose host the job's first node replaces, to spread it)",
+        )
+    dist_port = (config.dist_init_addr or f"{FIRST_NODE}:5000").rsplit(":", 1)[1]
+    return [
+        config.replace(
+            node_rank=rank, dist_init_addr=f"{FIRST_NODE}:{dist_port}", port=config.port + rank * placement.port_step
+        )
+        for rank in range(nodes)
+    ]
+
+
+def _upload_nodes(
+    host: Host,
+    run_dir: str,
+    node_configs: Sequence[AnyConfig],
+    engine: Engine,
+    version: str,
+    python: str,
+    twin_env: Mapping[str, str] | None,
+    timeout_s: float,
+) -> None:
+    """Each node's folder, config, env file and launch script (the dist-init host read on the node)."""
+
+    def upload(rank: int, node_config: AnyConfig) -> None:
+        where = node_dir(run_dir, rank)
+        host.run(["bash", "-c", _PRIVATE_DIR, "dsv4lab-mkdir", where], timeout_s=timeout_s).check()
+        node_layout = RunLayout(where)
+        _upload_config(host, node_layout, node_config, timeout_s)
+        addr = node_config.dist_init_addr if isinstance(node_config, ServerConfig) else None
+        runtime = {addr: f'"$DSV4LAB_DIST_INIT_HOST":{addr.rsplit(":", 1)[1]}'} if addr else None
+        script = engine.launch_script(
+            node_config, run_dir=where, version=version, python=python, settings=twin_env, runtime_words=runtime
+        )
+        host.put_text(node_layout.script, script, mode=0o700)
+
+    for rank, node_config in enumerate(node_configs):
+        _retry(functools.partial(upload, rank, node_config))
 
 
 def _node_rank(config: AnyConfig) -> int:

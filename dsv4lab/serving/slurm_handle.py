@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from dsv4lab.errors import DSV4LabError, SchedulerError
 from dsv4lab.hosts import KillReport, PortForward
+from dsv4lab.rundir import RunLayout
 from dsv4lab.serving.handle import ServerHandle
-from dsv4lab.serving.slurm import ACTIVE_STATES, Slurm, SlurmJob, SlurmPlacement
+from dsv4lab.serving.slurm import ACTIVE_STATES, Slurm, SlurmJob, SlurmPlacement, node_dir
 
 __all__ = ["JobStopReport", "SlurmServerHandle"]
 
@@ -54,6 +55,11 @@ class SlurmServerHandle(ServerHandle):
     placement: SlurmPlacement = field(default_factory=SlurmPlacement)
     _cached: tuple[float, SlurmJob] | None = field(default=None, repr=False, compare=False)
     _address: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def layout(self) -> RunLayout:
+        """Node 0's files on a job of several nodes (it serves the API); the run dir's on one node."""
+        return RunLayout(node_dir(self.run_dir, 0) if self.placement.nodes > 1 else self.run_dir)
 
     @property
     def slurm(self) -> Slurm:
