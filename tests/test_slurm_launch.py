@@ -461,3 +461,52 @@ def test_one_dead_node_of_a_two_node_server_ends_the_job(two_nodes: SlurmCluster
         handle.stop(grace_s=5)
     assert _processes_under(run_dir) == []
     assert two_nodes.active_jobs() == []
+
+
+def test_a_point_cancelled_by_slurm_is_recorded_and_a_resumed_sweep_runs_only_it(
+    idle: SlurmCluster, tmp_path: Path
+) -> None:
+    """Two 8-GPU points on one 8-GPU node: the second waits QUEUED and is cancelled from outside. The sweep
+    records that outcome; ``--resume`` keeps the finished point as it was and runs the cancelled one again."""
+    args = ["sweep", "04_config_b_fixed", "--reports", str(tmp_path), "--max-parallel", "2"]
+    args += ["-p", "cuda_graph_max_bs", "8,16", "-p", "mem_fraction_static", "0.9", "-p", "concurrency", "[1]"]
+    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "time_scale", "0.02"]
+    args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
+    env = {**os.environ, **idle.env, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsv4lab", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        pending: list[str] = []
+        while not pending and time.monotonic() < deadline and proc.poll() is None:
+            pending = [j for j in idle.active_jobs() if idle.state(j) == "PENDING"]
+            time.sleep(0.2)
+        assert pending, "the second point's job never waited in the queue"
+        idle.run(["scancel", pending[0]])
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (0, 1), err[-3000:]
+    index = Path(out.strip().splitlines()[-1])
+    first = json.loads((index.parent / "sweep.json").read_text())
+    runs = first["runs"]
+    cancelled = [r for r in runs if r["job_state"] == "CANCELLED" or r["status"] == "failed"]
+    kept = [r for r in runs if r not in cancelled]
+    assert len(cancelled) == 1 and len(kept) == 1, runs
+    assert kept[0]["status"] == "ok" and kept[0]["job_state"] == "", kept
+
+    again = cli(idle, *args, "--resume", str(index.parent), timeout=600)
+    assert again.returncode == 0, (again.stdout[-3000:], again.stderr[-3000:])
+    assert Path(again.stdout.strip().splitlines()[-1]) == index
+    resumed = json.loads((index.parent / "sweep.json").read_text())["runs"]
+    by_value = {r["parameters"]["cuda_graph_max_bs"]: r for r in resumed}
+    assert by_value[kept[0]["parameters"]["cuda_graph_max_bs"]] == kept[0]  # kept as it was: not run again
+    rerun = by_value[cancelled[0]["parameters"]["cuda_graph_max_bs"]]
+    assert rerun["status"] == "ok" and rerun["job_state"] == "" and rerun["run_dir"] != cancelled[0]["run_dir"]
+    assert Path(cancelled[0]["run_dir"]).is_dir()  # the cancelled run's evidence stays
+    assert idle.active_jobs() == []
+    # A folder of another sweep, or other fixed parameters: refused before anything runs.
+    other = cli(idle, *[a if a != "0.9" else "0.85" for a in args], "--resume", str(index.parent))
+    assert other.returncode == 2 and "same fixed parameters (differing: mem_fraction_static)" in other.stderr

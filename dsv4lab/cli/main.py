@@ -525,6 +525,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         trust_host_key=args.trust_host_key,
         slurm=_placement_from_args(args),
         max_parallel=args.max_parallel,
+        resume=args.resume,
     )
     print(result.text_table())
     print(result.index)
@@ -762,6 +763,13 @@ def _sweep_verb(verbs: _Verbs) -> None:
     sw.add_argument("--run-predicted-oom", action="store_true", help="also run points the memory model says OOM")
     sw.add_argument(
         "--max-parallel", type=int, default=1, help="points at once (more than 1 needs --slurm-*: Slurm places them)"
+    )
+    sw.add_argument(
+        "--resume",
+        default=None,
+        metavar="SWEEP_DIR",
+        help="finish an earlier sweep in its folder: its finished points are kept, the rest (failed, interrupted, "
+        "cancelled or timed out by Slurm) run again",
     )
     _add_slurm_options(sw)
     sw.set_defaults(func=_cmd_sweep)

@@ -6,11 +6,17 @@ runs the notebook once per point. A grid key the notebook does not declare but t
 knob. Before each point the memory model predicts whether it fits; points predicted to run out of memory
 are skipped (and shown as such) unless ``run_predicted_oom`` — a sweep should not spend a GPU host's hour
 confirming what arithmetic already says.
+
+A sweep's folder keeps each point's outcome (``sweep.json``), so ``run_sweep(..., resume=FOLDER)`` (``dsv4lab
+sweep ... --resume FOLDER``) finishes it: points that ran to an outcome of their own are kept as they are, and
+the points that did not — failed or interrupted runs, never-run points, and servers whose Slurm job the
+scheduler ended (cancelled, timed out, preempted, node failure) — run again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +46,20 @@ from dsv4lab.notebook.nbrun import (
 from dsv4lab.resources import TEMPLATES
 from dsv4lab.serving.slurm import SlurmPlacement
 
-__all__ = ["SweepPoint", "SweepResult", "expand_grid", "figure_header", "held_text", "load_points", "run_sweep"]
+__all__ = [
+    "SCHEDULER_ENDS",
+    "SweepPoint",
+    "SweepResult",
+    "expand_grid",
+    "figure_header",
+    "held_text",
+    "load_points",
+    "run_sweep",
+]
+
+
+#: Slurm end states that say nothing about the point's config: a resumed sweep runs such a point again.
+SCHEDULER_ENDS = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"})
 
 
 @dataclass
@@ -64,6 +83,13 @@ class SweepPoint:
     startup_clock: str = ""
     #: The node(s) its first server's Slurm job ran on.
     nodes: str = ""
+    #: How its first server's Slurm job ended when the scheduler ended it (CANCELLED, TIMEOUT, ...); "" otherwise.
+    job_state: str = ""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the point ran to an outcome of its own: a resumed sweep keeps it rather than run it again."""
+        return self.status == "ok" and self.job_state not in SCHEDULER_ENDS
 
 
 @dataclass
@@ -198,6 +224,7 @@ def run_sweep(
     trust_host_key: bool = False,
     slurm: SlurmPlacement | None = None,
     max_parallel: int = 1,
+    resume: str | Path | None = None,
 ) -> SweepResult:
     """Run ``notebook`` at every point of ``grid`` (or at each of ``points``, from :func:`load_points`);
     returns the result with ``index.html`` (see module doc). Every point's parameters and every host the
@@ -205,7 +232,10 @@ def run_sweep(
 
     With ``slurm`` every point's servers are Slurm jobs (the notebook's ``slurm`` parameter) and up to
     ``max_parallel`` points run at once: Slurm places them, and queues what does not fit now. Each point's
-    queue time and startup are read from its run."""
+    queue time and startup are read from its run.
+
+    ``resume`` names an earlier sweep's folder (of the same notebook and fixed parameters): its finished
+    points are kept, the others run again into it (see the module doc)."""
     if (grid is None) == (points is None):
         raise ConfigError("sweep", "", "either a grid of values or a list of points")
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
@@ -244,13 +274,22 @@ def run_sweep(
         if host is not None:
             hosts.setdefault(host, f"sweep parameter host of {nb.stem}")
     check_hosts(hosts, trust_host_key=trust_host_key)
-    folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
     swept = list(dict.fromkeys(k for c in combos for k in c))
     fixed = _fixed(base, declared, swept)
     base_text = _base_text(fixed, declared)
+    previous: dict[str, SweepPoint] = {}
+    if resume is not None:
+        folder = Path(resume)
+        previous = _previous_points(folder, nb.stem, fixed)
+    else:
+        folder = new_run_dir(Path(reports_root), f"sweep-{nb.stem}")
     results: list[SweepPoint] = []
     todo: list[tuple[SweepPoint, dict[str, Any]]] = []
     for values in combos:
+        kept = previous.get(_point_key(values))
+        if kept is not None and kept.finished:
+            results.append(kept)
+            continue
         params = _point_parameters(base, values, declared)
         predicted, short, hint = _predict(params, declared)
         point = SweepPoint(values, predicted=predicted, short_by_gib=short, suggestion=hint)
@@ -263,7 +302,7 @@ def run_sweep(
     def record(point: SweepPoint, run: Any) -> None:
         point.status = "ok" if run.ok else "failed"
         point.run_dir, point.report, point.figures = str(run.run_dir), str(run.report), dict(run.figures)
-        point.queued_s, point.startup_s, point.startup_clock, point.nodes = _times(Path(run.run_dir))
+        point.queued_s, point.startup_s, point.startup_clock, point.nodes, point.job_state = _times(Path(run.run_dir))
         _write(nb, folder, results, fixed, base_text)
 
     if max_parallel == 1:
@@ -340,8 +379,9 @@ def _run_side_by_side(
         raise
 
 
-def _times(run_dir: Path) -> tuple[float | None, float | None, str, str]:
-    """The first server's queue time and startup in a point's run (its earliest ``readiness.json``)."""
+def _times(run_dir: Path) -> tuple[float | None, float | None, str, str, str]:
+    """The first server's queue time, startup, clock, nodes and scheduler's end in a point's run (its
+    earliest ``readiness.json``)."""
     import json
 
     found = sorted(run_dir.glob("**/readiness.json"), key=lambda p: p.stat().st_mtime)
@@ -353,9 +393,45 @@ def _times(run_dir: Path) -> tuple[float | None, float | None, str, str]:
         if data.get("verdict") in ("READY", "CRASHED", "STALLED", "TIMEOUT", "QUEUED"):
             clock = data.get("clock") or {}
             reading = str(clock.get("reading") or "wall clock")
-            nodes = ",".join((data.get("slurm") or {}).get("nodes") or [])
-            return data.get("queued_s"), data.get("elapsed_s"), reading, nodes
-    return None, None, "", ""
+            job = data.get("slurm") or {}
+            nodes = ",".join(job.get("nodes") or [])
+            state = str(job.get("state") or "")
+            ended = state if state in SCHEDULER_ENDS else ""
+            return data.get("queued_s"), data.get("elapsed_s"), reading, nodes, ended
+    return None, None, "", "", ""
+
+
+def _point_key(values: Mapping[str, Any]) -> str:
+    import json
+
+    return json.dumps(dict(values), sort_keys=True, default=str)
+
+
+def _previous_points(folder: Path, notebook: str, fixed: Mapping[str, Any]) -> dict[str, SweepPoint]:
+    """The points an earlier sweep in ``folder`` recorded, by their swept values; refused (before anything
+    runs) when the folder holds no sweep of this notebook or its fixed parameters differ."""
+    import json
+
+    try:
+        data = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise ConfigError("--resume", str(folder), "a sweep's folder, with the sweep.json it wrote") from None
+    if data.get("notebook") != notebook:
+        raise ConfigError("--resume", str(folder), f"a sweep of {notebook} (that folder is {data.get('notebook')}'s)")
+    held = json.loads(json.dumps(dict(fixed), default=str))
+    differ = sorted(k for k in {*held, *data.get("fixed", {})} if held.get(k) != data.get("fixed", {}).get(k))
+    if differ:
+        raise ConfigError(
+            "--resume",
+            str(folder),
+            "a sweep with the same fixed parameters (differing: " + ", ".join(differ) + "): start a new sweep",
+        )
+    points: dict[str, SweepPoint] = {}
+    for record in data.get("runs") or []:
+        known = {k: v for k, v in record.items() if k in SweepPoint.__dataclass_fields__}
+        point = SweepPoint(**known)
+        points[_point_key(point.parameters)] = point
+    return points
 
 
 def _point_parameters(base: dict[str, Any], values: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
@@ -511,6 +587,8 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[
             "base": base,
             "points": frame.to_dict("records"),
             "notes": result.notes(),
+            # Each point as recorded, for a resumed sweep (run_sweep(resume=...)).
+            "runs": [dataclasses.asdict(p) for p in points],
         },
     )
     chart_svg = ""
