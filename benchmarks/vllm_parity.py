@@ -10,7 +10,8 @@ for output tok/s and the TTFT, TPOT, ITL and E2E means — the ratio of the mean
 the per-pair ratios — and the prompt tokens per request each client sent, twice: from the client's own
 result (both take ``usage.prompt_tokens``) and from the server's ``vllm:prompt_tokens_total`` counter.
 ``--before`` adds one dsv4lab run with ``--no-server-tokenizer``: the word prompts every run sent before
-the prompts were fitted with the server's tokenizer.
+the prompts were fitted with the server's tokenizer. ``--compatible`` runs dsv4lab with ``--ttft-clock connect``
+(its clock started where vLLM's is).
 
 Both clients run on this machine's shared CPUs beside the server, one at a time; on a busy machine the
 ratios of the latencies move by tens of percent between pairs (the range column says how much), and a
@@ -19,6 +20,7 @@ client that reads its socket late moves time from TPOT into TTFT while E2E stays
 Usage::
 
     .venv/bin/python benchmarks/vllm_parity.py [--pairs 3] [--num-prompts 40] [--concurrency 4] [--before]
+        [--compatible]
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def _dsv4lab(server: VLLMServer, args: argparse.Namespace, seed: int, *, fitted:
     argv += ["--max-concurrency", str(args.concurrency), "--seed", str(seed), "--json", "--no-progress"]
     if not fitted:
         argv.append("--no-server-tokenizer")
+    if args.compatible:
+        argv += ["--ttft-clock", "connect"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=ROOT, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"dsv4lab bench failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
@@ -122,6 +126,12 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--before", action="store_true", help="also one run with the pre-fit word prompts")
+    parser.add_argument(
+        "--compatible",
+        action="store_true",
+        help="dsv4lab in its compatible mode (--ttft-clock connect: each request's clock starts before encoding "
+        "and connecting, as vLLM's client does)",
+    )
     args = parser.parse_args()
     if not vllm_available():
         print(f"no vLLM CPU venv at {VENV} (tools/vllm_cpu_venv.sh builds it)")
@@ -154,7 +164,8 @@ def main() -> int:
         f"random prompts, {args.input_len} in / {args.output_len} out, max concurrency {args.concurrency}; "
         f"{args.pairs} interleaved pairs"
     )
-    print("dsv4lab bench (defaults) / vllm bench serve --backend vllm --dataset-name random --num-warmups 1")
+    mode = "--ttft-clock connect" if args.compatible else "defaults"
+    print(f"dsv4lab bench ({mode}) / vllm bench serve --backend vllm --dataset-name random --num-warmups 1")
     print(f"  {'metric':<26} {'vllm bench':>10} {'dsv4lab':>10} {'ratio':>8}   per pair")
     for label, key in METRICS:
         print(_ratio_line(label, [float(r[key]) for r in runs["dsv4lab"]], [float(r[key]) for r in runs["vllm"]]))

@@ -21,7 +21,16 @@ from tests.conftest import require
 from tests.kernel import Kernel
 from tests.sshd import SSHD
 from tests.test_kernel_interrupt import BACK_WITHIN_S
-from tests.vllmserver import HELPERS, VENV, gone, make_tiny_model, roles, vllm_available
+from tests.vllmserver import (
+    HELPERS,
+    VENV,
+    gone,
+    make_tiny_model,
+    roles,
+    served_requests,
+    vllm_available,
+    wait_for_requests,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -83,8 +92,10 @@ def test_a_vllm_lab_over_ssh_launches_benches_and_stops_in_a_kernel(kernel: Kern
     assert roles(pgid) >= HELPERS, roles(pgid)
 
     # Stop during a benchmark: control back within the bound, the cut run kept with what finished.
+    port = int(kernel.value("s.port"))
+    done_before = served_requests(port)
     cell = kernel.submit("runs = s.bench(concurrency=[4], prompts=400, input_len=64, output_len=64)")
-    time.sleep(8.0)
+    wait_for_requests(port, done_before + 6)  # the warmup and the first waves are done: the run is under way
     pressed = kernel.interrupt()
     result = kernel.collect(cell, timeout_s=60)
     assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)
@@ -96,8 +107,9 @@ def test_a_vllm_lab_over_ssh_launches_benches_and_stops_in_a_kernel(kernel: Kern
 
     # SIGKILL of the API server in the middle of a benchmark: partial, CRASHED, no helper left alive.
     api = int(kernel.value("s.handle.server_pid()"))  # asked before the cell: a busy kernel answers after it
+    done_before = served_requests(port)
     cell = kernel.submit("runs2 = s.bench(concurrency=[4], prompts=400, input_len=64, output_len=64)")
-    time.sleep(8.0)
+    wait_for_requests(port, done_before + 6)
     os.kill(api, 9)
     killed = time.monotonic()
     done = kernel.collect(cell, timeout_s=120)

