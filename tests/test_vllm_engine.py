@@ -30,7 +30,17 @@ import pytest
 from dsv4lab.bench import ClientOptions, LoadSpec, RequestSpec, Workload, random_workload, run
 from dsv4lab.cli.bench import bench_main
 from tests.sshd import free_port
-from tests.vllmserver import HELPERS, SERVED_NAME, VENV, VLLMServer, cli, gone, roles
+from tests.vllmserver import (
+    HELPERS,
+    SERVED_NAME,
+    VENV,
+    VLLMServer,
+    cli,
+    gone,
+    roles,
+    served_requests,
+    wait_for_requests,
+)
 
 #: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -185,11 +195,12 @@ def test_a_sigkill_mid_benchmark_is_partial_crashed_and_reaped(launched: Launche
     """Last in the module: it kills the module's server."""
     run_dir, env = launched.run_dir, launched.env
     long_bench = [*_bench_args(run_dir)[:-1], "--num-prompts", "400", "--output-len", "64", "--json"]
+    done_before = served_requests(launched.server.port)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dsv4lab", *long_bench], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     api = int((run_dir / "server.pid").read_text())
-    time.sleep(6.0)
+    wait_for_requests(launched.server.port, done_before + 6)  # under way, not still fitting its prompts
     assert proc.poll() is None, "the benchmark ended before the kill"
     os.kill(api, signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
