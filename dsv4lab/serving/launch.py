@@ -185,7 +185,9 @@ for attempt in 1 2 3; do
   case "$pid" in
     slurm:*)
       conf=$(sed -n 3p "$f" 2>/dev/null)
-      if [ -n "$(timeout 3 env ${conf:+SLURM_CONF="$conf"} squeue -h -j "${pid#slurm:}" -o %T 2>/dev/null)" ]; then
+      # A cluster whose config is gone cannot hold it: no squeue (it would wait out its 3 s on no controller).
+      if { [ -z "$conf" ] || [ -e "$conf" ]; } \
+        && [ -n "$(timeout 3 env ${conf:+SLURM_CONF="$conf"} squeue -h -j "${pid#slurm:}" -o %T 2>/dev/null)" ]; then
         echo "TAKEN - $owner"; exit 0
       fi
       rm -f -- "$f"; continue ;;
@@ -242,6 +244,7 @@ for f in "$dir"/*; do
   case "$pid" in
     "") echo "${f##*/}" ;;
     slurm:*)  # a Slurm job's: held while the job is queued or running (a controller silent for 3 s: not held)
+      [ -n "$conf" ] && [ ! -e "$conf" ] && continue  # its cluster's config is gone
       st=$(timeout 3 env ${conf:+SLURM_CONF="$conf"} squeue -h -j "${pid#slurm:}" -o %T 2>/dev/null)
       [ -n "$st" ] && echo "${f##*/}" ;;
     *[!0-9]*) ;;

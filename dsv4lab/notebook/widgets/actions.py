@@ -34,6 +34,7 @@ __all__ = ["STATE_COLOURS", "Jobs", "ResultsPane", "ServerMonitor", "StateBadge"
 STATE_COLOURS: dict[str, str] = {
     "no server": "#57606a",
     "starting": "#0969da",
+    "QUEUED": "#8250df",  # ``QUEUED (Resources)``: its Slurm job waits; coloured by the first word
     "READY": "#1a7f37",
     "CRASHED": "#cf222e",
     "STALLED": "#cf222e",
@@ -61,7 +62,7 @@ class StateBadge:
         self.widget.value = self._html()
 
     def _html(self) -> str:
-        colour = STATE_COLOURS.get(self.state, "#57606a")
+        colour = STATE_COLOURS.get(self.state) or STATE_COLOURS.get(self.state.split(" ")[0], "#57606a")
         busy = (
             f" <span style='color:#57606a;font-size:0.85em'>{html.escape(self.activity)}</span>"
             if self.activity

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -70,6 +71,9 @@ class PanelState(Protocol):
 
 #: How long Stop gives the server to end on SIGTERM before SIGKILL.
 STOP_GRACE_S = 10.0
+
+#: How often the badge of a server whose Slurm job waits asks Slurm again (its reason can change).
+QUEUE_POLL_S = 1.0
 
 
 def _default_notebooks_dir() -> Path:
@@ -243,10 +247,13 @@ class ServerActions:
             lab = self.lab()
             server = lab.launch(config, name=name)
             self.server = server
-            p.badge.set(state="starting")
+            p.badge.set(state=server.state)  # "QUEUED (Resources)" while a Slurm job waits, else "starting"
             p.log.reset(f"{server.name}: server.log")
             self.monitor = ServerMonitor(server, p.log, p.gpu_chart, preflight=predicted, label=label).start()
             self.update_buttons()
+            while server.stopped is None and server.state.startswith("QUEUED"):
+                time.sleep(QUEUE_POLL_S)  # the badge follows Slurm's reason until the job runs
+                p.badge.set(state=server.state)
             server.wait(self.ready_timeout_s, stall_after_s=self.stall_after_s)
             if not server.ready:
                 self.monitor.finish()  # the last lines (the traceback) are in the pane before the card
