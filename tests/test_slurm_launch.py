@@ -21,6 +21,13 @@ from typing import Any
 import psutil
 import pytest
 
+from dsv4lab.config.server_config import ServerConfig
+from dsv4lab.hosts import LocalHost
+from dsv4lab.serving.launch import attach
+from dsv4lab.serving.launch import launch as launch_server
+from dsv4lab.serving.slurm import FIRST_NODE, SlurmPlacement
+from dsv4lab.serving.slurm_handle import SlurmServerHandle
+from dsv4lab.serving.watch import Verdict, wait_ready
 from tests.slurmcluster import SlurmCluster, free_ports, require_slurm
 from tests.sshd import SSHD
 
@@ -385,17 +392,8 @@ def _processes_under(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_a_server_on_two_nodes_is_one_job_and_stop_ends_both(two_nodes: SlurmCluster, tmp_path: Path) -> None:
-    """SGLang's multi-node launch as one 2-node job: an srun task per node runs that node's launch script
-    (node_rank from the job, the first node's address as the dist-init host), READY from node 0, which serves the
-    API; stop is scancel and leaves no process of either node (psutil)."""
-    from dsv4lab.config.server_config import ServerConfig
-    from dsv4lab.hosts import LocalHost
-    from dsv4lab.serving.launch import attach
-    from dsv4lab.serving.launch import launch as launch_server
-    from dsv4lab.serving.slurm import FIRST_NODE, SlurmPlacement
-    from dsv4lab.serving.watch import Verdict, wait_ready
-
+def _launch_on_two_nodes(two_nodes: SlurmCluster, run_dir: Path) -> tuple[SlurmServerHandle, int]:
+    """The tiny twin as SGLang's 2-node server, one job on the two-node cluster; (its handle, dist-init port)."""
     two_nodes.wait_idle()
     port, dist = free_ports(2)
     config = ServerConfig(
@@ -403,13 +401,22 @@ def test_a_server_on_two_nodes_is_one_job_and_stop_ends_both(two_nodes: SlurmClu
     )
     # The two Slurm nodes are this one machine: node 1's port is shifted by one (port_step), as in a rehearsal.
     placement = SlurmPlacement("gpu", 8, 10, nodes=2, slurm_conf=two_nodes.env["SLURM_CONF"], port_step=1)
-    run_dir = tmp_path / "two"
     settings = {"DSV4LAB_TWIN_TIME_SCALE": "0.05", "DSV4LAB_TWIN_HARDWARE": "tiny"}
     handle = launch_server(LocalHost(), config, str(run_dir), target="twin", twin_env=settings, placement=placement)
+    assert isinstance(handle, SlurmServerHandle)
+    return handle, dist
+
+
+def test_a_server_on_two_nodes_is_one_job_and_stop_ends_both(two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    """SGLang's multi-node launch as one 2-node job: an srun task per node runs that node's launch script
+    (node_rank from the job, the first node's address as the dist-init host), READY from node 0, which serves the
+    API; stop is scancel and leaves no process of either node (psutil)."""
+    run_dir = tmp_path / "two"
+    handle, dist = _launch_on_two_nodes(two_nodes, run_dir)
     try:
         result = wait_ready(handle, 120, progress=False)
         assert result.verdict is Verdict.READY, result
-        job = two_nodes.job(handle.job_id)  # type: ignore[attr-defined]
+        job = two_nodes.job(handle.job_id)
         assert job["NodeList"] == "n[1-2]" and job["NumNodes"] == "2", job
         for rank in (0, 1):
             pid = int((run_dir / f"node{rank}" / "server.pid").read_text())
@@ -423,7 +430,7 @@ def test_a_server_on_two_nodes_is_one_job_and_stop_ends_both(two_nodes: SlurmClu
         assert wait_ready(again, 10, progress=False).verdict is Verdict.READY
     finally:
         handle.stop(grace_s=5)
-    assert two_nodes.state(handle.job_id) == "CANCELLED"  # type: ignore[attr-defined]
+    assert two_nodes.state(handle.job_id) == "CANCELLED"
     assert _processes_under(run_dir) == []
     assert two_nodes.active_jobs() == []
 
@@ -431,21 +438,8 @@ def test_a_server_on_two_nodes_is_one_job_and_stop_ends_both(two_nodes: SlurmClu
 def test_one_dead_node_of_a_two_node_server_ends_the_job(two_nodes: SlurmCluster, tmp_path: Path) -> None:
     """A multi-node server is whole or gone: node 1's server SIGKILLed, srun ends node 0's (--kill-on-bad-exit),
     the watch on node 0 says CRASHED with the job's end state in its evidence, and nothing is left."""
-    from dsv4lab.config.server_config import ServerConfig
-    from dsv4lab.hosts import LocalHost
-    from dsv4lab.serving.launch import launch as launch_server
-    from dsv4lab.serving.slurm import SlurmPlacement
-    from dsv4lab.serving.watch import Verdict, wait_ready
-
-    two_nodes.wait_idle()
-    port, dist = free_ports(2)
-    config = ServerConfig(
-        model_path="dsv4lab/tiny-moe", tp=2, port=port, mem_fraction_static=0.8, nnodes=2, dist_init_addr=f"head:{dist}"
-    )
-    placement = SlurmPlacement("gpu", 8, 10, nodes=2, slurm_conf=two_nodes.env["SLURM_CONF"], port_step=1)
     run_dir = tmp_path / "two"
-    settings = {"DSV4LAB_TWIN_TIME_SCALE": "0.05", "DSV4LAB_TWIN_HARDWARE": "tiny"}
-    handle = launch_server(LocalHost(), config, str(run_dir), target="twin", twin_env=settings, placement=placement)
+    handle, _ = _launch_on_two_nodes(two_nodes, run_dir)
     try:
         assert wait_ready(handle, 120, progress=False).verdict is Verdict.READY
         os.kill(int((run_dir / "node1" / "server.pid").read_text()), 9)
@@ -456,7 +450,7 @@ def test_one_dead_node_of_a_two_node_server_ends_the_job(two_nodes: SlurmCluster
         result = wait_ready(handle, 60, progress=False)
         assert result.verdict is Verdict.CRASHED, result
         assert any("Slurm job" in line for line in result.evidence), result.evidence
-        assert two_nodes.state(handle.job_id) in ("FAILED", "CANCELLED"), two_nodes.job(handle.job_id)  # type: ignore[attr-defined]
+        assert two_nodes.state(handle.job_id) in ("FAILED", "CANCELLED"), two_nodes.job(handle.job_id)
     finally:
         handle.stop(grace_s=5)
     assert _processes_under(run_dir) == []
