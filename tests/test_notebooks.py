@@ -280,13 +280,21 @@ def _twin_clock_values(run_dirs: list[Path]) -> frozenset[str]:
     shows one outside a "twin clock" column shows the twin's clock as if it were the hardware's."""
     from dsv4lab.bench.store import ResultStore
 
-    values = set()
+    values: set[str] = set()
+    read: set[str] = set()  # every figure as the reader's clock shows it
     for d in run_dirs:
         for store in d.glob("*/bench"):
             for r in ResultStore(store).load():
                 s = r.summary
                 values |= {f"{v:,.1f}" for v in (s.output_throughput, s.ttft_ms.median) if v == v and v >= 100}
-    return frozenset(values)
+                read |= {
+                    f"{v:,.1f}"
+                    for k, v in r.flat().items()
+                    if isinstance(v, float) and v == v and not k.endswith("twin_clock")
+                }
+    # A twin-clock figure that equals a figure on the reader's clock (227.4 tok/s on the twin, 227.4 ms TPOT on
+    # the hardware, in one CI run) cannot tell which one a page shows: it is no evidence either way.
+    return frozenset(values - read)
 
 
 @pytest.mark.timeout(CAMPAIGN_SETUP_TIMEOUT_S)  # the module fixture runs the campaign first
