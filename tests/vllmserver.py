@@ -43,14 +43,17 @@ SERVED_NAME = "tiny-llama"
 READY_TIMEOUT_S = 300.0
 
 
+def counter_total(metrics: str, name: str) -> float:
+    """The sum of a Prometheus counter over its labels in a ``/metrics`` text, e.g. ``vllm:prompt_tokens_total``."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+(\S+)$")
+    return sum(float(m.group(1)) for line in metrics.splitlines() if (m := pattern.match(line)))
+
+
 def served_requests(port: int, timeout_s: float = 5.0) -> float:
     """Requests the vLLM on ``127.0.0.1:port`` has finished (``vllm:request_success_total``), read from its
     ``/metrics`` directly (the tests' servers run on this machine, behind SSH too)."""
-    pattern = re.compile(r"^vllm:request_success_total(?:\{[^}]*\})?\s+(\S+)$")
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        text = resp.read().decode()
-    return sum(float(m.group(1)) for line in text.splitlines() if (m := pattern.match(line)))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:
+        return counter_total(resp.read().decode(), "vllm:request_success_total")
 
 
 def wait_for_requests(port: int, count: float, *, timeout_s: float = 180.0) -> None:
@@ -87,13 +90,7 @@ class VLLMServer:
 
     def counter(self, name: str) -> float:
         """The sum of a Prometheus counter over its labels, e.g. ``vllm:prompt_tokens_total``."""
-        total = 0.0
-        pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+(\S+)$")
-        for line in self.get("/metrics").decode().splitlines():
-            m = pattern.match(line)
-            if m:
-                total += float(m.group(1))
-        return total
+        return counter_total(self.get("/metrics").decode(), name)
 
     def log_tail(self, n: int = 40) -> str:
         try:
