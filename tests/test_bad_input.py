@@ -351,6 +351,18 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
     ("campaign: unused parameter", ["campaign", "-p", "tiemscale", "0.02"], "parameter 'tiemscale'", "'time_scale'?"),
     ("campaign: bad value", ["campaign", "-p", "time_scale", "-1"], "step a: parameter time_scale", "positive"),
     (
+        "campaign: side by side on one host",
+        ["campaign", "--max-parallel", "2"],
+        "max_parallel=2",
+        "1 without a Slurm placement",
+    ),
+    (
+        "campaign: max parallel 0",
+        ["campaign", "--max-parallel", "0", "-p", "slurm", "partition:gpu"],
+        "max_parallel=0",
+        ">= 1",
+    ),
+    (
         "campaign: bad overrides",
         ["campaign", "-p", "overrides", "tp=3"],
         "step a: parameter overrides",

@@ -56,6 +56,38 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield c
 
 
+@pytest.fixture(scope="module", autouse=True)
+def past_its_limit(
+    private_state: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[SlurmCluster, Path]]:
+    """A twin that hangs in graph capture, in a 1-minute job on a cluster of its own, launched before this
+    module's first test: Slurm ends it (slurmctld checks limits every 30 s: 60-90 s later) while the other
+    tests run, instead of a test waiting out the minute. The last test reads its verdict."""
+    require_slurm()
+    with SlurmCluster(tmp_path_factory.mktemp("slurm-limit"), kill_wait_s=2, min_job_age_s=1800) as c:
+        run_dir = tmp_path_factory.mktemp("limit") / "t"
+        (port,) = free_ports(1)
+        out = cli(
+            c,
+            "launch",
+            *TWIN,
+            "--fault",
+            "capture_hang",
+            "--set",
+            f"port={port}",
+            "--slurm-partition",
+            "short",
+            "--slurm-gpus",
+            "8",
+            "--slurm-time",
+            "1",
+            "--run-dir",
+            str(run_dir),
+        )
+        assert out.returncode == 0, out.stderr
+        yield c, run_dir
+
+
 @pytest.fixture
 def idle(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     with cluster.for_one_test():
@@ -182,37 +214,6 @@ def test_queued_ready_bench_stop_and_a_cancel_from_outside(idle: SlurmCluster, t
     assert any(f"Slurm job {job_b}: CANCELLED" in line for line in verdict["evidence"]), verdict["evidence"]
     assert any(f"*** JOB {job_b} ON localhost CANCELLED AT" in line for line in verdict["evidence"])
     assert processes_of(run_b) == []
-
-
-def test_a_job_past_its_time_limit_is_a_timeout_in_the_verdict(idle: SlurmCluster, tmp_path: Path) -> None:
-    """A twin that hangs in graph capture, in a 1-minute job: the watch follows it until Slurm ends it
-    (slurmctld checks limits every 30 s: 60-90 s), and the verdict names the time limit."""
-    run_dir = tmp_path / "t"
-    (port,) = free_ports(1)
-    out = cli(
-        idle,
-        "launch",
-        *TWIN,
-        "--fault",
-        "capture_hang",
-        "--set",
-        f"port={port}",
-        "--slurm-partition",
-        "short",
-        "--slurm-gpus",
-        "8",
-        "--slurm-time",
-        "1",
-        "--run-dir",
-        str(run_dir),
-    )
-    assert out.returncode == 0, out.stderr
-    result = watch(idle, run_dir, "--stall-after", "600", timeout=150)
-    assert result["verdict"] == "CRASHED", result
-    assert "the Slurm job reached its time limit and Slurm ended it (1 min)" in result["reason"]
-    assert result["slurm"]["state"] == "TIMEOUT" and result["slurm"]["reason"] == "TimeLimit"
-    assert any("DUE TO TIME LIMIT" in line for line in result["evidence"]), result["evidence"]
-    assert processes_of(run_dir) == []
 
 
 @pytest.mark.parametrize(
@@ -361,6 +362,69 @@ def test_a_sweep_fans_out_over_two_nodes_with_its_queue_in_the_index(two_nodes: 
     assert two_nodes.active_jobs() == []
 
 
+SIDE_BY_SIDE = """
+[campaign]
+name = "side-by-side"
+title = "Two configs side by side, then one that takes its fix from the first"
+
+[parameters]
+time_scale = 0.02
+concurrency = [1]
+input_len = 1000
+output_len = 16
+overrides = "mem_fraction_static=0.9"
+
+[[step]]
+id = "a"
+notebook = "04_config_b_fixed"
+parameters = { fix = "cuda_graph_max_bs=4" }
+
+[[step]]
+id = "b"
+notebook = "04_config_b_fixed"
+parameters = { fix = "cuda_graph_max_bs=8" }
+
+[[step]]
+id = "c"
+notebook = "04_config_b_fixed"
+inputs = { fix = "a.fix" }
+"""
+
+
+def test_a_campaign_runs_independent_steps_side_by_side_and_a_dependent_one_after(
+    two_nodes: SlurmCluster, tmp_path: Path
+) -> None:
+    """Steps a and b need nothing from each other: their servers' jobs run at once, one on each node. Step c
+    takes a's fix, so its job starts only after a's has ended. The index lists the steps in the file's order."""
+    two_nodes.wait_idle()
+    campaign = tmp_path / "side-by-side.toml"
+    campaign.write_text(SIDE_BY_SIDE)
+    args = ["campaign", str(campaign), "--reports", str(tmp_path / "reports"), "--max-parallel", "3"]
+    args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
+    out = cli(two_nodes, *args, timeout=900)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    index = Path(out.stdout.strip().splitlines()[-1])
+    state = json.loads((index.parent / "campaign.json").read_text())
+    assert state["shown"] == ["a", "b", "c"]
+    assert [state["steps"][s]["status"] for s in "abc"] == ["ok"] * 3, state
+    spans, nodes = {}, {}
+    for step in "abc":
+        (readiness,) = Path(state["steps"][step]["run_dir"]).glob("*/readiness.json")
+        record = json.loads(readiness.read_text())
+        assert record["verdict"] == "READY", record
+        job = two_nodes.job(record["slurm"]["job_id"])  # Slurm's own record of when the job ran
+        spans[step] = (job["StartTime"], job["EndTime"])
+        nodes[step] = tuple(record["slurm"]["nodes"])
+    assert spans["a"][0] < spans["b"][1] and spans["b"][0] < spans["a"][1], f"a and b did not overlap: {spans}"
+    assert {*nodes["a"], *nodes["b"]} == {"n1", "n2"}, nodes
+    assert spans["c"][0] >= spans["a"][1], f"c started before a ended: {spans}"
+    c_params = json.loads((Path(state["steps"]["c"]["run_dir"]) / "params.json").read_text())
+    assert c_params["fix"] == "cuda_graph_max_bs=4"
+    html = index.read_text()
+    assert html.index(">a<") < html.index(">b<") < html.index(">c<")
+    assert two_nodes.active_jobs() == []
+
+
 def test_the_twin_has_the_gpus_its_job_was_given(idle: SlurmCluster, tmp_path: Path) -> None:
     """An ``--sbatch-arg`` comes last and wins: ``--gres=gpu:4`` gives the job 4 GPUs, and the twin (as a real
     server would) sees only those: a tp=8 config cannot start, and the verdict says why."""
@@ -504,3 +568,15 @@ def test_a_point_cancelled_by_slurm_is_recorded_and_a_resumed_sweep_runs_only_it
     # A folder of another sweep, or other fixed parameters: refused before anything runs.
     other = cli(idle, *[a if a != "0.9" else "0.85" for a in args], "--resume", str(index.parent))
     assert other.returncode == 2 and "same fixed parameters (differing: mem_fraction_static)" in other.stderr
+
+
+def test_a_job_past_its_time_limit_is_a_timeout_in_the_verdict(past_its_limit: tuple[SlurmCluster, Path]) -> None:
+    """The job launched before this module's first test (:func:`past_its_limit`): Slurm ended it at its time
+    limit, and the verdict names the limit."""
+    cluster, run_dir = past_its_limit
+    result = watch(cluster, run_dir, "--stall-after", "600", timeout=150)
+    assert result["verdict"] == "CRASHED", result
+    assert "the Slurm job reached its time limit and Slurm ended it (1 min)" in result["reason"]
+    assert result["slurm"]["state"] == "TIMEOUT" and result["slurm"]["reason"] == "TimeLimit"
+    assert any("DUE TO TIME LIMIT" in line for line in result["evidence"]), result["evidence"]
+    assert processes_of(run_dir) == []

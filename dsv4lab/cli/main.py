@@ -239,13 +239,15 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def _placement_from_args(args: argparse.Namespace) -> Any:
     """A Slurm placement when any ``--slurm-*`` or ``--sbatch-arg`` option is given (``SLURM_CONF`` from the
-    environment, passed to the Slurm commands on the login host); None for a launch on the host itself."""
+    environment, passed to the Slurm commands on the login host); None for a launch on the host itself (and for a
+    verb without these options, such as ``demo``)."""
     import os
 
     from dsv4lab.serving.slurm import SlurmPlacement
 
-    given = [args.slurm_partition, args.slurm_gpus, args.slurm_time, args.slurm_nodes, args.slurm_account]
-    given += [args.slurm_qos, args.slurm_constraint, *(args.sbatch_arg or [])]
+    names = ("slurm_partition", "slurm_gpus", "slurm_time", "slurm_nodes", "slurm_account", "slurm_qos")
+    given = [getattr(args, name, None) for name in (*names, "slurm_constraint")]
+    given += list(getattr(args, "sbatch_arg", None) or [])
     if all(v is None for v in given):
         return None
     return SlurmPlacement(
@@ -477,6 +479,8 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
             log_output=args.log_output,
             on_step=announce,
             trust_host_key=args.trust_host_key,
+            slurm=_placement_from_args(args),
+            max_parallel=args.max_parallel,
         )
     except NotebookError as exc:
         print(f"Error: {exc}", file=sys.stderr)
@@ -533,7 +537,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    args.file, args.force = None, False
+    args.file, args.force, args.max_parallel = None, False, 1
     args.p = [*args.p, ["time_scale", str(args.time_scale)]]
     return _cmd_campaign(args)
 
@@ -752,6 +756,14 @@ def _campaign_verb(verbs: _Verbs) -> None:
     camp.add_argument("file", nargs="?", default=None, help="campaign .toml (default: the story's, on the twin)")
     _add_notebook_options(camp, help_p="change a campaign-wide parameter, e.g. -p host gpubox -p target sglang")
     camp.add_argument("--force", action="store_true", help="rerun steps that already finished with these parameters")
+    camp.add_argument(
+        "--max-parallel",
+        type=int,
+        default=1,
+        help="steps at once, each as soon as the steps it takes inputs from are done (more than 1 needs a Slurm "
+        "placement: --slurm-* or -p slurm)",
+    )
+    _add_slurm_options(camp)
     camp.set_defaults(func=_cmd_campaign)
 
 

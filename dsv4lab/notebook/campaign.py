@@ -7,6 +7,12 @@ parameters from earlier steps' ``results.json`` (a run dir, a chosen fix). A ser
 story says is the notebook's result, and the campaign goes on; a notebook that raises stops the campaign,
 and the index still shows how far it got. A rerun skips the steps that already finished with the same
 parameters (``force`` reruns them), so an interrupted campaign resumes where it stopped.
+
+On a Slurm placement (``slurm``, or the campaign parameter ``slurm``) ``max_parallel`` above 1 runs steps side
+by side: a step starts as soon as the steps its inputs name have finished, up to ``max_parallel`` at once, and
+Slurm decides which of their servers start now and which wait in its queue. The story's config A, config B and
+kernel profile need nothing from each other; its diagnosis waits for config B. The index, ``campaign.json``
+and the reports are the same as in order, steps listed in the file's order.
 """
 
 from __future__ import annotations
@@ -36,13 +42,16 @@ from dsv4lab.notebook.nbrun import (
     check_parameters,
     environment,
     find_notebook,
+    new_run_dir,
     notebook_parameters,
     run_host,
     run_notebook,
     target_provenance,
 )
 from dsv4lab.notebook.report import public_html
+from dsv4lab.notebook.sidebyside import NotebookProcesses
 from dsv4lab.resources import CAMPAIGNS, TEMPLATES
+from dsv4lab.serving.slurm import SlurmPlacement
 from dsv4lab.units import fmt_tok_s
 
 if sys.version_info >= (3, 11):
@@ -250,20 +259,38 @@ def run_campaign(
     log_output: bool = False,
     on_step: Any = None,
     trust_host_key: bool = False,
+    slurm: SlurmPlacement | None = None,
+    max_parallel: int = 1,
 ) -> CampaignResult:
-    """Run the steps in order (see module doc); returns the result, with ``index.html`` written.
+    """Run the steps in order, or side by side on a Slurm placement (see module doc); returns the result, with
+    ``index.html`` written.
 
-    Raises :class:`NotebookError` (after writing the index) when a notebook failed, and before anything
-    runs :class:`~dsv4lab.errors.HostError` when a step's host cannot be reached (``trust_host_key``
-    records an unknown key) or :class:`~dsv4lab.errors.LaunchError` when another campaign holds the host or
-    the folder (:mod:`dsv4lab.notebook.campaignlock`).
+    ``slurm`` sets the campaign parameter of the same name (every step's servers are Slurm jobs). Raises
+    :class:`NotebookError` (after writing the index) when a notebook failed, and before anything runs
+    :class:`~dsv4lab.errors.ConfigError` for a ``max_parallel`` other than 1 without a Slurm placement,
+    :class:`~dsv4lab.errors.HostError` when a step's host cannot be reached (``trust_host_key`` records an
+    unknown key) or :class:`~dsv4lab.errors.LaunchError` when another campaign holds the host or the folder
+    (:mod:`dsv4lab.notebook.campaignlock`).
     """
+    if slurm is not None:
+        campaign = campaign.with_parameters({"slurm": slurm.to_text()})
+    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+        raise ConfigError("max_parallel", max_parallel, "a whole number >= 1")
+    if max_parallel > 1 and not campaign.parameters.get("slurm"):
+        raise ConfigError(
+            "max_parallel",
+            max_parallel,
+            "1 without a Slurm placement (steps on one host would share its GPUs); with --slurm-* (or the "
+            "campaign parameter slurm) Slurm places the steps' servers",
+        )
     check_campaign(campaign)  # every step's parameters, before a folder is made or a kernel starts
     check_hosts(campaign_hosts(campaign), trust_host_key=trust_host_key)  # and every host, connected to once
     folder = Path(reports_root).resolve() / campaign.name
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     host = str(campaign.parameters.get("host") or "local")
     with campaign_lock(campaign.name, folder, host):
+        if max_parallel > 1:
+            return _run_side_by_side(campaign, folder, force, execution_timeout_s, log_output, on_step, max_parallel)
         return _run_steps(campaign, folder, force, execution_timeout_s, log_output, on_step)
 
 
@@ -280,14 +307,8 @@ def _run_steps(
         for step in campaign.steps:
             params = _step_parameters(campaign, step, figures)
             digest = _digest(step.notebook, params)
-            done = previous.get(step.id)
-            if (
-                not force
-                and done
-                and done.get("digest") == digest
-                and done.get("status") == "ok"
-                and Path(done["run_dir"]).is_dir()
-            ):
+            done = _reusable(previous.get(step.id), digest, force)
+            if done is not None:
                 state = _reused(step, done)
             else:
                 if on_step is not None:
@@ -323,6 +344,19 @@ def _run_steps(
                 break
     finally:
         index = write_index(campaign, folder, states)
+    return _ended(campaign, folder, index, states, failure, stopped, started)
+
+
+def _ended(
+    campaign: Campaign,
+    folder: Path,
+    index: Path,
+    states: list[StepState],
+    failure: NotebookError | None,
+    stopped: Interrupted | None,
+    started: float,
+) -> CampaignResult:
+    """The result, or the Stop or failure that ended the campaign raised with the result in it."""
     result = CampaignResult(campaign, folder, index, states)
     if stopped is not None:
         finished = sum(s.status == "ok" for s in states)
@@ -336,6 +370,83 @@ def _run_steps(
     if failure is not None:
         raise NotebookError(f"campaign {campaign.name} stopped: {failure}; index: {index}", result)
     return result
+
+
+def _run_side_by_side(
+    campaign: Campaign,
+    folder: Path,
+    force: bool,
+    execution_timeout_s: float,
+    log_output: bool,
+    on_step: Any,
+    max_parallel: int,
+) -> CampaignResult:
+    """Each step as soon as the steps its inputs name are ``ok``, up to ``max_parallel`` at once, each in a
+    process of its own (:class:`~dsv4lab.notebook.sidebyside.NotebookProcesses`). A failed step starts nothing
+    new and lets the running ones finish; a Stop interrupts every running step (each report is written, each
+    server's job cancelled)."""
+    previous = _load_state(folder)
+    done: dict[str, StepState] = {}
+    figures: dict[str, dict[str, Any]] = {}
+    failure: NotebookError | None = None
+    stopped: Interrupted | None = None
+    started = time.monotonic()
+    waiting = list(campaign.steps)
+    procs: NotebookProcesses[tuple[CampaignStep, str]] = NotebookProcesses(execution_timeout_s, log_output=log_output)
+
+    def finish(step: CampaignStep, digest: str, state: StepState) -> None:
+        done[step.id] = state
+        figures[step.id] = {**state.figures, "run_dir": state.run_dir}
+        previous[step.id] = {"digest": digest, "status": state.status, "run_dir": state.run_dir, "report": state.report}
+        _save_state(folder, campaign, previous, [s.id for s in campaign.steps if s.id in done])
+
+    try:
+        while True:
+            for step in list(waiting) if failure is None else []:
+                if len(procs) >= max_parallel:
+                    break
+                if any(done.get(need) is None or done[need].status != "ok" for need in _needs(step)):
+                    continue
+                waiting.remove(step)
+                params = _step_parameters(campaign, step, figures)
+                digest = _digest(step.notebook, params)
+                reuse = _reusable(previous.get(step.id), digest, force)
+                if reuse is not None:
+                    finish(step, digest, _reused(step, reuse))
+                    continue
+                if on_step is not None:
+                    on_step(step)
+                procs.start((step, digest), Path(step.notebook), params, new_run_dir(folder, Path(step.notebook).stem))
+            if not procs:
+                break
+            for (step, digest), run in procs.finished():
+                finish(step, digest, _state(step, run))
+                if not run.ok and failure is None:
+                    where = f"; report: {run.report}#papermill-error-cell" if run.report else ""
+                    failure = NotebookError(f"notebook {Path(step.notebook).stem} failed: {run.error}{where}", run)
+    except KeyboardInterrupt:
+        for (step, digest), run in procs.interrupt():
+            state = _state(step, run)
+            state.status = "interrupted"
+            finish(step, digest, state)
+        stopped = Interrupted(f"campaign {campaign.name}", None)
+    finally:
+        states = [done[s.id] for s in campaign.steps if s.id in done]
+        index = write_index(campaign, folder, states)
+    return _ended(campaign, folder, index, states, failure, stopped, started)
+
+
+def _needs(step: CampaignStep) -> set[str]:
+    """The earlier steps whose results this step's inputs name."""
+    return {ref.split(".", 1)[0] for ref in step.inputs.values()}
+
+
+def _reusable(done: Mapping[str, Any] | None, digest: str, force: bool) -> Mapping[str, Any] | None:
+    """A step's earlier run when it can stand (it finished ok, with the same notebook and parameters, and its
+    run dir is still there); None when the step runs again."""
+    if force or not done or done.get("digest") != digest or done.get("status") != "ok":
+        return None
+    return done if Path(done["run_dir"]).is_dir() else None
 
 
 def _step_parameters(

@@ -1,11 +1,12 @@
-"""One sweep point's notebook run in a process of its own: ``python -m dsv4lab.notebook.pointrun SPEC.json``.
+"""One notebook run in a process of its own: ``python -m dsv4lab.notebook.pointrun SPEC.json``.
 
-A sweep that runs points side by side starts one of these per point. papermill's kernels started from
-threads of one process did not answer (``Kernel didn't respond in 120 seconds`` for every point but the
-first, with the CPUs idle), so each point gets what a single ``dsv4lab run`` has: its own process, papermill
-in its main thread, and Ctrl-C handled there (the report of what ran is written). The spec names the
-notebook, its parameters, its run dir (made by the sweep) and the per-cell timeout; the outcome is the run
-dir's ``results.json``, as for any run.
+A sweep or a campaign that runs notebooks side by side (:mod:`dsv4lab.notebook.sidebyside`) starts one of these
+per sweep point or campaign step. papermill's kernels started from threads of one process did not answer
+(``Kernel didn't respond in 120 seconds`` for every run but the first, with the CPUs idle), so each run gets
+what a single ``dsv4lab run`` has: its own process, papermill in its main thread, and Ctrl-C handled there
+(the report of what ran is written). The spec names the notebook, its parameters, its run dir (made by the
+caller), the per-cell timeout and whether cell output is echoed; the outcome is the run dir's
+``results.json``, as for any run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main(argv: list[str]) -> int:
             run_dir=spec["run_dir"],
             execution_timeout_s=float(spec["execution_timeout_s"]),
             raise_on_error=False,
+            log_output=bool(spec.get("log_output", False)),
         )
     except Interrupted:
         return 130
@@ -42,5 +44,5 @@ def main(argv: list[str]) -> int:
     return 0 if run.ok else 1
 
 
-if __name__ == "__main__":  # pragma: no cover - run as a process by the sweep
+if __name__ == "__main__":  # pragma: no cover - run as a process by a sweep or campaign
     sys.exit(main(sys.argv[1:]))

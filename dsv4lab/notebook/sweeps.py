@@ -38,11 +38,10 @@ from dsv4lab.notebook.nbrun import (
     new_run_dir,
     notebook_parameters,
     params_clock,
-    read_run,
     run_host,
     run_notebook,
-    stop_orphans,
 )
+from dsv4lab.notebook.sidebyside import NotebookProcesses
 from dsv4lab.resources import TEMPLATES
 from dsv4lab.serving.slurm import SlurmPlacement
 
@@ -325,57 +324,22 @@ def _run_side_by_side(
     max_parallel: int,
     record: Any,
 ) -> None:
-    """Up to ``max_parallel`` points at once, each a notebook run in a process of its own
-    (:mod:`dsv4lab.notebook.pointrun`); a point's outcome is its run dir's record. On Stop every running
-    point is interrupted as a Ctrl-C would (its report is written) and its servers are stopped (their jobs
-    cancelled); the finished points stay."""
-    import json
-    import signal
-    import subprocess
-    import sys
-    import time
-
+    """Up to ``max_parallel`` points at once (:class:`~dsv4lab.notebook.sidebyside.NotebookProcesses`). On Stop
+    every running point is interrupted as a Ctrl-C would (its report is written) and its servers are stopped
+    (their jobs cancelled); the finished points stay."""
     waiting = list(todo)
-    running: dict[int, tuple[subprocess.Popen[bytes], SweepPoint, Path]] = {}
+    procs: NotebookProcesses[SweepPoint] = NotebookProcesses(execution_timeout_s)
     try:
-        while waiting or running:
-            while waiting and len(running) < max_parallel:
+        while waiting or procs:
+            while waiting and len(procs) < max_parallel:
                 point, params = waiting.pop(0)
-                run_dir = new_run_dir(folder, nb.stem)
-                spec = run_dir / "point.json"
-                spec.write_text(
-                    json.dumps(
-                        {
-                            "notebook": str(nb),
-                            "parameters": params,
-                            "run_dir": str(run_dir),
-                            "execution_timeout_s": execution_timeout_s,
-                        }
-                    ),
-                    encoding="utf-8",
-                )
-                proc = subprocess.Popen([sys.executable, "-m", "dsv4lab.notebook.pointrun", str(spec)])
-                running[proc.pid] = (proc, point, run_dir)
-            for pid, (proc, point, run_dir) in list(running.items()):
-                if proc.poll() is not None:
-                    del running[pid]
-                    with contextlib.suppress(OSError):
-                        (run_dir / "point.json").unlink()  # params.json keeps the parameters
-                    record(point, read_run(nb, run_dir, dict(point.parameters)))
-            time.sleep(0.2)
+                procs.start(point, nb, params, new_run_dir(folder, nb.stem))
+            for point, run in procs.finished():
+                record(point, run)
     except KeyboardInterrupt:
-        for proc, _, _ in running.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 60
-        for proc, point, run_dir in running.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            stop_orphans(run_dir)
+        for point, run in procs.interrupt():
             point.status = "interrupted"
-            point.run_dir, point.report = str(run_dir), str(run_dir / "report.html")
+            point.run_dir, point.report = str(run.run_dir), str(run.report)
         raise
 
 
