@@ -8,6 +8,7 @@ dir and, outside CI, copied to ``/tmp/panel-shots/`` to be looked at.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -18,18 +19,29 @@ import pytest
 
 from tests.browser import copy_notebooks, launch_chromium, open_offline, require_browser, start_jupyterlab
 from tests.conftest import IN_CI
+from tests.slurmcluster import SlurmCluster, require_slurm
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = Path("/tmp/panel-shots")
 
-#: The current notebook is loaded, its kernel is up and idle.
-_KERNEL_IDLE = """() => {
+#: The notebook at this path is the current one, loaded, and its kernel is up and idle.
+_KERNEL_IDLE = """(path) => {
   const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-  return !!(w && w.context && w.context.isReady && k && k.status === 'idle');
+  return !!(w && w.context && w.context.isReady && w.context.path === path && k && k.status === 'idle');
 }"""
+
+
+def open_and_run_all(page: Any, jupyterlab: Any, name: str) -> None:
+    """Open ``name`` in a fresh workspace (``reset``: not beside the notebooks an earlier test left open), wait
+    for its kernel, and start running all its cells. The command is not awaited: its promise settles only when
+    the last cell has run, and a cell can wait on the kernel while the page waits on the promise."""
+    page.goto(jupyterlab.url(f"lab/tree/{name}") + "&reset")
+    page.wait_for_function(_KERNEL_IDLE, arg=name, timeout=90_000)
+    page.evaluate("() => { window.jupyterapp.commands.execute('application:toggle-left-area'); }")  # the file browser
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +115,7 @@ def test_tweak_see_the_shortfall_fix_launch_and_bench(jupyterlab: Any, tmp_path:
         # 1500 px wide, where a 4 px overflow once put a horizontal scrollbar under the whole panel.
         page = browser.new_page(viewport={"width": 1500, "height": 3000})
         shots = Shots(page, tmp_path / "shots")
-        page.goto(jupyterlab.url("lab/tree/lab.ipynb"))
-        page.wait_for_function(_KERNEL_IDLE, timeout=90_000)
-        page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")  # the file browser
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        open_and_run_all(page, jupyterlab, "lab.ipynb")
 
         panel = _panel(page)
         verdict = panel.locator(".dsv4lab-verdict")
@@ -197,3 +206,38 @@ def test_open_offline_lists_what_a_page_tries_to_fetch(tmp_path: Path) -> None:
     assert check.external_requests == ["https://cdn.example.org/require.js"]
     assert check.console_errors  # the blocked script is reported
     assert check.screenshot is not None and check.screenshot.stat().st_size > 1000
+
+
+def test_a_launch_waiting_for_its_slurm_job_shows_queued_with_slurms_reason(jupyterlab: Any, tmp_path: Path) -> None:
+    """The panel with ``slurm`` set: its server is a Slurm job; while another job holds the node's 8 GPUs the
+    badge reads QUEUED with Slurm's reason (live, in the browser), then READY once the node frees, and Stop
+    cancels the job."""
+    require_slurm()
+    with SlurmCluster(tmp_path / "slurm", kill_wait_s=2) as cluster:
+        blocker = cluster.sbatch("--partition=gpu", "--gres=gpu:8", "--time=10", "--wrap", "sleep 600")
+        cluster.wait_state(blocker, ["RUNNING"])
+        placement = {"partition": "gpu", "gpus_per_node": 8, "time_min": 10, "slurm_conf": str(cluster.conf)}
+        nb = json.loads((jupyterlab.root_dir / "lab.ipynb").read_text())
+        cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "slurm: str" in "".join(c["source"]))
+        cell["source"] = [
+            f"slurm = {json.dumps(json.dumps(placement))}\n" if line.startswith("slurm: str") else line
+            for line in "".join(cell["source"]).splitlines(keepends=True)
+        ]
+        (jupyterlab.root_dir / "lab-slurm.ipynb").write_text(json.dumps(nb))
+        with launch_chromium() as browser:
+            page = browser.new_page(viewport={"width": 1500, "height": 3000})
+            shots = Shots(page, tmp_path / "shots")
+            open_and_run_all(page, jupyterlab, "lab-slurm.ipynb")
+            panel = _panel(page)
+            panel.locator(".dsv4lab-verdict [data-state='ok']").wait_for(timeout=90_000)
+            panel.locator(".dsv4lab-launch").click()
+            badge = panel.locator(".dsv4lab-badge")
+            badge.locator("[data-state='QUEUED (Resources)']").wait_for(timeout=60_000)
+            shots.take("queued", panel)
+            cluster.run(["scancel", blocker])
+            badge.locator("[data-state='READY']").wait_for(timeout=180_000)
+            shots.take("ready-after-the-queue", panel)
+            panel.locator(".dsv4lab-stop").click()
+            badge.locator("[data-state='stopped']").wait_for(timeout=60_000)
+        cluster.wait_idle()
+        assert cluster.active_jobs() == []
