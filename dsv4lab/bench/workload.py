@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4lab.errors import BenchError
+from dsv4lab.errors import BenchError, ConfigError
 
 __all__ = [
     "LoadSpec",
@@ -30,6 +30,7 @@ __all__ = [
     "Workload",
     "arrival_times",
     "cap_levels",
+    "check_load",
     "parse_levels",
     "random_workload",
     "shared_prefix_workload",
@@ -399,3 +400,26 @@ def cap_levels(concurrencies: Sequence[int | None] | int | str | None) -> list[i
     if not values:
         raise BenchError("no concurrency levels given")
     return [None if v is None else parse_levels([v])[0] for v in values]
+
+
+def check_load(
+    concurrency: object, repeats: object, prompts: object, input_len: object, output_len: object, seed: object
+) -> None:
+    """A benchmark's load (an A/B's, a tuning's), checked before any server is asked anything (each value named
+    as its argument)."""
+    try:
+        parse_levels(concurrency)  # type: ignore[arg-type]
+    except BenchError:
+        raise ConfigError("concurrency", concurrency, "one or more integers >= 1, e.g. [1, 16] or '1,16'") from None
+
+    def integer(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for arg, value in (("repeats", repeats), ("input_len", input_len), ("output_len", output_len)):
+        if not integer(value) or value < 1:  # type: ignore[operator]
+            extra = " (a verdict needs 3 per arm and level)" if arg == "repeats" else ""
+            raise ConfigError(arg, value, f"an integer >= 1{extra}")
+    if prompts is not None and (not integer(prompts) or prompts < 1):  # type: ignore[operator]
+        raise ConfigError("prompts", prompts, "an integer >= 1, or None for one wave per level")
+    if not integer(seed):
+        raise ConfigError("seed", seed, "an integer")

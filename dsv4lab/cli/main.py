@@ -20,6 +20,7 @@ from dsv4lab.cli.argparsing import ArgumentParser, add_host_options
 from dsv4lab.config.launch_script import render_argv, render_env_file, render_launch_script, server_command
 from dsv4lab.config.presets import PRESETS, preset
 from dsv4lab.config.server_config import ServerConfig, diff, field_help, field_names, load
+from dsv4lab.counts import plural
 from dsv4lab.engines import ENGINE_NAMES, Engine, get_engine
 from dsv4lab.errors import ConfigError, DSV4LabError, UnknownNameError, exit_code_for
 from dsv4lab.resources import __version__
@@ -536,6 +537,68 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if all(p.status in ("ok", "skipped") for p in result.points) else 1
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """``dsv4lab tune``: the base config and the space, checked; the tuning run; its JSON and index last."""
+    import datetime as dt
+    import json
+
+    from dsv4lab.notebook.lab import Lab
+
+    engine = _engine_from_args(args)
+    base = _config_from_args(args, engine)
+    _positive("--timeout", args.timeout)
+    placement = _placement_from_args(args)
+    # Made by the tuning run once everything is checked: a refused command leaves nothing behind.
+    folder = Path(args.reports).resolve() / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
+    lab = Lab(
+        args.host or "local",
+        target=engine.name,
+        hardware=args.hardware,
+        version=args.version,
+        time_scale=args.time_scale,
+        python=args.python,
+        run_root=folder,
+        seed=args.seed,
+        progress=not args.json,
+        known_hosts=args.known_hosts,
+        trust_host_key=args.trust_host_key,
+        slurm=placement,
+    )
+    try:
+        result = lab.tune(
+            base,
+            args.space,
+            objective=args.objective,
+            concurrency=args.concurrency,
+            slo=args.slo,
+            floor=args.floor,
+            budget=args.budget,
+            seed=args.seed,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            prompts=args.num_prompts,
+            max_parallel=args.max_parallel,
+            timeout_s=args.timeout,
+            folder=folder,
+            name=args.preset or (Path(args.file).stem if args.file else "config_a"),
+        )
+    finally:
+        lab.close()
+    if args.json:
+        print(json.dumps(result.to_dict(), default=str))
+    else:
+        best = result.best
+        said = (
+            f"{plural(result.launches, 'launch', 'launches')} of {plural(result.grid_size, 'point')}; "
+            f"{len(result.ruled_out)} ruled out"
+        )
+        if best is not None:
+            said += f"; best: trial {best.number}, {best.label}: {best.score:,.2f} {result.objective.unit}"
+        print(said, file=sys.stderr)
+    print(result.index)
+    return 0 if result.best is not None else 1
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     args.file, args.force, args.max_parallel = None, False, 1
     args.p = [*args.p, ["time_scale", str(args.time_scale)]]
@@ -787,6 +850,46 @@ def _sweep_verb(verbs: _Verbs) -> None:
     sw.set_defaults(func=_cmd_sweep)
 
 
+def _tune_verb(verbs: _Verbs) -> None:
+    tu = verbs.add_parser(
+        "tune",
+        help="search config fields for the best config in a few launches (the memory model rules out, Optuna picks); "
+        "prints the index last",
+    )
+    _add_config_source(tu)
+    add_host_options(tu)
+    tu.add_argument("--engine", choices=ENGINE_NAMES, default=None, help="what to launch (default: sglang)")
+    tu.add_argument("--twin", action="store_true", help="short for --engine twin")
+    tu.add_argument(
+        "--space",
+        action="append",
+        required=True,
+        metavar="FIELD=RANGE|VALUES",
+        help="a field to search (repeatable): lo:hi[:step] (five steps when none is given) or v1,v2,...",
+    )
+    tu.add_argument(
+        "--objective", default="throughput", help="throughput (per GPU), goodput (needs --slo) or interactivity"
+    )
+    tu.add_argument("--slo", action="append", default=[], metavar="NAME=MS", help="e.g. tpot_p99_ms=400 (repeatable)")
+    tu.add_argument("--floor", type=float, default=None, help="interactivity: least output tok/s per GPU")
+    tu.add_argument("--concurrency", default="16", help="levels to benchmark each trial at, e.g. 1,16")
+    tu.add_argument("--budget", type=int, default=8, help="most launches")
+    tu.add_argument("--seed", type=int, default=0, help="the sampler's and the workload's seed")
+    tu.add_argument("--input-len", type=int, default=8000, help="prompt tokens per request")
+    tu.add_argument("--output-len", type=int, default=256, help="output tokens per request")
+    tu.add_argument("--num-prompts", type=int, default=None, help="requests per level (default: one wave)")
+    tu.add_argument("--hardware", default=None, help="hardware profile (default: the story's 8 x RTX PRO 6000)")
+    tu.add_argument("--version", default=None, help="the engine release whose flags to render")
+    tu.add_argument("--time-scale", type=float, default=0.05, help="twin time scale (1 = real time)")
+    tu.add_argument("--python", default=None, help="the server host's interpreter")
+    tu.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each trial's READY")
+    tu.add_argument("--max-parallel", type=int, default=1, help="trials at once (more than 1 needs --slurm-*)")
+    tu.add_argument("--reports", default="reports", help="folder the tuning run's folder goes under")
+    tu.add_argument("--json", action="store_true", help="one JSON object of the result before the index path")
+    _add_slurm_options(tu)
+    tu.set_defaults(func=_cmd_tune)
+
+
 def _demo_verb(verbs: _Verbs) -> None:
     demo = verbs.add_parser("demo", help="the story's campaign on the twin (what make demo runs)")
     demo.add_argument("--reports", default="reports", help="folder the campaign writes under")
@@ -819,6 +922,7 @@ _VERBS: tuple[Callable[[_Verbs], None], ...] = (
     _run_verb,
     _campaign_verb,
     _sweep_verb,
+    _tune_verb,
     _demo_verb,
     _lab_verb,
 )

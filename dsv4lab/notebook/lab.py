@@ -20,8 +20,8 @@ import atexit
 import contextlib
 import datetime as _dt
 import math
+import os
 import re
-import threading
 import time
 import warnings
 import weakref
@@ -32,6 +32,7 @@ from typing import Any, overload
 from dsv4lab import bench
 from dsv4lab import htmlview as hv
 from dsv4lab.atomicfile import write_json_atomic
+from dsv4lab.bench.workload import check_load
 from dsv4lab.config import AnyConfig, VllmConfig
 from dsv4lab.config.hardware import HardwareProfile, ModelProfile, hardware_profile, model_profile
 from dsv4lab.config.presets import KERNEL_CONFIG_DIR, PRESETS, preset
@@ -43,7 +44,8 @@ from dsv4lab.hosts import Host, LocalHost, open_host
 from dsv4lab.logs import Diagnosis
 from dsv4lab.model.memory import Preflight, Suggestion, suggest
 from dsv4lab.model.vllm_memory import VllmPreflight
-from dsv4lab.notebook.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server
+from dsv4lab.notebook.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server, stop_soon
+from dsv4lab.notebook.tune import TuneResult
 from dsv4lab.serving.hostmem import HostProbe
 from dsv4lab.serving.launch import ServerHandle, attach, launch, pick_port
 from dsv4lab.serving.slurm import SlurmPlacement
@@ -58,6 +60,9 @@ TARGETS: tuple[str, ...] = ENGINE_NAMES
 
 #: The hardware profile of a session that names none: the story's host.
 DEFAULT_HARDWARE = "rtx-pro-6000-x8"
+#: The first port a launch tries, unless the Lab is given one or ``$DSV4LAB_BASE_PORT`` names one.
+DEFAULT_BASE_PORT = 31000
+BASE_PORT_ENV = "DSV4LAB_BASE_PORT"
 #: Ports tried before a launch gives up (each taken one is skipped).
 _PORT_ATTEMPTS = 20
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -79,7 +84,7 @@ class Lab:
         run_root: str | Path = "runs",
         remote_root: str = "~/dsv4lab-runs",
         kernel_config_dir: str | None = None,
-        base_port: int = 31000,
+        base_port: int | None = None,
         keep_servers: bool = False,
         seed: int | None = None,
         progress: bool = True,
@@ -103,7 +108,8 @@ class Lab:
             remote_root: on an SSH host, where run directories go (``<remote_root>/<session>/<name>``).
             kernel_config_dir: tuned FP8 kernel-config folder on the host for configs that use the presets'
                 default; on the twin, unset means the twin's stand-in autotune output, written here.
-            base_port: the first port tried for each launch.
+            base_port: the first port tried for each launch (default: ``$DSV4LAB_BASE_PORT``, else 31000; two
+                people or two test workers on one machine each set their own).
             keep_servers: leave servers running when the session ends.
             seed: twin seed (drift and timing noise); unset = the twin's default.
             progress: live progress in notebooks, text lines in scripts and papermill.
@@ -115,6 +121,9 @@ class Lab:
         engine = get_engine(target)
         if not (isinstance(time_scale, (int, float)) and not isinstance(time_scale, bool) and time_scale > 0):
             raise ConfigError("time_scale", time_scale, "a positive number (1 = real time)")
+        if base_port is None:
+            from_env = os.environ.get(BASE_PORT_ENV, "")
+            base_port = int(from_env) if from_env.isdigit() else DEFAULT_BASE_PORT
         if not (isinstance(base_port, int) and 1024 <= base_port <= 65000):
             raise ConfigError("base_port", base_port, "an integer from 1024 to 65000")
         self.engine: Engine = engine
@@ -493,7 +502,7 @@ class Lab:
         shown = _arm_names("labels", labels) if labels is not None else (a.name, b.name)
         if shown[0] == shown[1]:
             raise ConfigError("labels", shown, "two different names for the arms (labels=('A', 'B'))")
-        _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
+        check_load(concurrency, repeats, prompts, input_len, output_len, seed)
         if not isinstance(interleave, bool):
             raise ConfigError("interleave", interleave, "True (A, B, A, B) or False (all of A, then all of B)")
         for s in (a, b):
@@ -572,7 +581,7 @@ class Lab:
             twice = dotted[sorted({str(k).replace("__", ".") for k in b_overrides} & set(dotted))[0]]
             raise ConfigError(twice, changes[twice], "one value for B: in b_overrides or as a keyword, not both")
         cfg_a, cfg_b, arms = _compare_plan(self.engine, a, b, names, a_overrides, b_overrides, changes)
-        _check_load(concurrency, repeats, prompts, input_len, output_len, seed)
+        check_load(concurrency, repeats, prompts, input_len, output_len, seed)
         if together is not None and not isinstance(together, bool):
             raise ConfigError("together", together, "True (both servers at once), False (one after the other) or None")
         if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
@@ -614,11 +623,58 @@ class Lab:
         finally:
             pending = [server for server in started if server.stopped is None]
             if interrupted:  # Stop: both servers end at once, in threads a script still waits for
-                _stop_soon(pending)
+                stop_soon(pending)
             else:
                 for server in pending:
                     with contextlib.suppress(Exception):
                         server.stop(grace_s=10.0)
+
+    def tune(
+        self,
+        base: AnyConfig | str,
+        space: Mapping[str, Any] | Sequence[str],
+        *,
+        objective: str = "throughput",
+        concurrency: Sequence[int] | int = (16,),
+        slo: Mapping[str, Any] | Sequence[str] | str | None = None,
+        floor: float | None = None,
+        budget: int = 8,
+        seed: int = 0,
+        input_len: int = DEFAULT_INPUT_LEN,
+        output_len: int = DEFAULT_OUTPUT_LEN,
+        prompts: int | None = None,
+        max_parallel: int = 1,
+        timeout_s: float = 900.0,
+        folder: str | Path | None = None,
+        name: str | None = None,
+    ) -> TuneResult:
+        """Search ``space`` around ``base`` for the best config in at most ``budget`` launches: the memory model
+        rules out what cannot start and orders the rest, Optuna's sampler picks the launches
+        (:mod:`dsv4lab.notebook.tune`). ``space``: ``{"mem_fraction_static": "0.50:0.75", "cuda_graph_max_bs":
+        [8, 16, 32]}``; ``objective``: ``throughput``, ``goodput`` or ``interactivity``; ``slo``:
+        ``{"tpot_p99_ms": 400}``. ``tune.json`` and ``index.html`` go into ``folder`` (default:
+        ``<run_root>/tune-<session>``); ``name`` is the base's in the pages (default: the preset's). Stop
+        keeps every finished trial (in the Interrupted's ``partial``)."""
+        from dsv4lab.notebook.tune import run_tune
+
+        return run_tune(
+            self,
+            base,
+            space,
+            objective=objective,
+            concurrency=concurrency,
+            slo=slo,
+            floor=floor,
+            budget=budget,
+            seed=seed,
+            input_len=input_len,
+            output_len=output_len,
+            prompts=prompts,
+            max_parallel=max_parallel,
+            timeout_s=timeout_s,
+            folder=folder if folder is not None else self.run_root / f"tune-{self.session}",
+            name=name,
+        )
 
     def ps(self) -> Table:
         """The servers of this session and whether each is alive now (a table that shows itself; the
@@ -796,30 +852,6 @@ def _server_names(names: tuple[str, str]) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def _check_load(
-    concurrency: object, repeats: object, prompts: object, input_len: object, output_len: object, seed: object
-) -> None:
-    """An A/B's load, checked before any server is asked anything (each value named as its argument)."""
-    from dsv4lab.bench.workload import parse_levels
-
-    try:
-        parse_levels(concurrency)  # type: ignore[arg-type]
-    except bench.BenchError:
-        raise ConfigError("concurrency", concurrency, "one or more integers >= 1, e.g. [1, 16] or '1,16'") from None
-
-    def integer(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    for arg, value in (("repeats", repeats), ("input_len", input_len), ("output_len", output_len)):
-        if not integer(value) or value < 1:  # type: ignore[operator]
-            extra = " (a verdict needs 3 per arm and level)" if arg == "repeats" else ""
-            raise ConfigError(arg, value, f"an integer >= 1{extra}")
-    if prompts is not None and (not integer(prompts) or prompts < 1):  # type: ignore[operator]
-        raise ConfigError("prompts", prompts, "an integer >= 1, or None for one wave per level")
-    if not integer(seed):
-        raise ConfigError("seed", seed, "an integer")
-
-
 def _compare_stopped(
     exc: KeyboardInterrupt, names: tuple[str, str], runs: list[bench.BenchRuns], started: float
 ) -> Interrupted:
@@ -861,17 +893,3 @@ def _stop_everything() -> None:
 
 
 atexit.register(_stop_everything)
-
-
-def _stop_soon(servers: Sequence[Server], *, after_s: float = 0.5) -> None:
-    """Stop ``servers`` side by side in threads that start ``after_s`` later, once the cell has given
-    control back: the user's Stop must return within about a second, and stopping two servers beside the
-    kernel's reply (killing, copying and redacting their logs) delayed that reply past 2 s on a loaded
-    machine (0.6 s with the stop deferred). The threads are not daemons: a script still waits for them."""
-
-    def stop(server: Server) -> None:
-        with contextlib.suppress(Exception):
-            server.stop(grace_s=10.0)
-
-    for server in servers:
-        threading.Timer(after_s, stop, args=(server,)).start()

@@ -41,7 +41,7 @@ from dsv4lab.units import fmt_tok_s
 if TYPE_CHECKING:
     from dsv4lab.serving.gpumem import GpuSampler
 
-__all__ = ["Server"]
+__all__ = ["Server", "stop_soon"]
 
 #: The workload a plain ``bench()`` sends when none is given: what a chat-sized request looks like.
 DEFAULT_INPUT_LEN = 1024
@@ -545,3 +545,17 @@ def _host_references(plan: dict[str, Any] | None) -> list[tuple[float, str]]:
         (available, f"available at launch {available:.1f} GiB"),
         (predicted, f"predicted {predicted:.1f} GiB: processes + weights + KV space {kv:.1f} GiB"),
     ]
+
+
+def stop_soon(servers: Sequence[Server], *, after_s: float = 0.5) -> None:
+    """Stop ``servers`` side by side in threads that start ``after_s`` later, once the cell has given
+    control back: the user's Stop must return within about a second, and stopping two servers beside the
+    kernel's reply (killing, copying and redacting their logs) delayed that reply past 2 s on a loaded
+    machine (0.6 s with the stop deferred). The threads are not daemons: a script still waits for them."""
+
+    def stop(server: Server) -> None:
+        with contextlib.suppress(Exception):
+            server.stop(grace_s=10.0)
+
+    for server in servers:
+        threading.Timer(after_s, stop, args=(server,)).start()
