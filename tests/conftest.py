@@ -95,6 +95,7 @@ FILE_SECONDS = {
     "test_real_sglang_parser.py": 101,
     "test_panel_browser.py": 75,
     "test_vllm_lab.py": 72,
+    "test_tune.py": 65,
     "test_launch_watch.py": 61,
     "test_faults_server.py": 52,
     "test_faults_ssh.py": 44,
@@ -117,6 +118,16 @@ FILE_SECONDS = {
     "test_twin_serving.py": 12,
     "test_secrets_prose.py": 11,
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker's sessions start their servers' ports in a range of their own (gw0 from 31000,
+    gw1 from 29000, ... below the kernel's ephemeral range): two workers' tests keep their port reservations
+    in different state dirs, and a Slurm job binds its port only when it runs, so a shared range let one
+    worker's server take a port another worker's had just picked."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        os.environ["DSV4LAB_BASE_PORT"] = str(31000 - 2000 * int(worker[2:]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
