@@ -425,6 +425,30 @@ def test_a_campaign_runs_independent_steps_side_by_side_and_a_dependent_one_afte
     assert two_nodes.active_jobs() == []
 
 
+def test_tune_runs_its_trials_two_at_a_time_as_jobs(two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    """``--max-parallel 2``: the sampler is asked for two trials at a time, their servers are two jobs Slurm runs
+    at once (one on each node), and the four trials are ordinary run dirs with their jobs in their records."""
+    two_nodes.wait_idle()
+    args = ["tune", "--preset", "config_b_fixed", "--twin", "--space", "mem_fraction_static=0.80,0.92"]
+    args += ["--space", "cuda_graph_max_bs=8,16", "--concurrency", "16", "--input-len", "1000", "--output-len", "16"]
+    args += ["--time-scale", "0.02", "--budget", "4", "--max-parallel", "2", "--reports", str(tmp_path), "--json"]
+    args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
+    out = cli(two_nodes, *args, timeout=600)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    result = json.loads(out.stdout.strip().splitlines()[-2])
+    assert result["launches"] == 4 and all(t["status"] == "ok" for t in result["trials"]), result["trials"]
+    spans = []
+    for trial in result["trials"]:
+        record = json.loads((Path(trial["run_dir"]) / "readiness.json").read_text())
+        job = two_nodes.job(record["slurm"]["job_id"])
+        spans.append((job["StartTime"], job["EndTime"], job["NodeList"]))
+    for first, second in (spans[0:2], spans[2:4]):  # each batch's two jobs ran at once, on the two nodes
+        assert first[0] < second[1] and second[0] < first[1], spans
+        assert {first[2], second[2]} == {"n1", "n2"}, spans
+    assert spans[2][0] >= max(spans[0][1], spans[1][1]), "the second batch waited for the first one's results"
+    assert two_nodes.active_jobs() == []
+
+
 def test_the_twin_has_the_gpus_its_job_was_given(idle: SlurmCluster, tmp_path: Path) -> None:
     """An ``--sbatch-arg`` comes last and wins: ``--gres=gpu:4`` gives the job 4 GPUs, and the twin (as a real
     server would) sees only those: a tp=8 config cannot start, and the verdict says why."""

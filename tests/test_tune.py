@@ -80,9 +80,32 @@ def test_tune_follows_the_cli_contract_and_launches_only_what_the_model_lets_sta
     page = index.read_text()
     assert not re.search(r"""(src|href)=["']https?://""", page)
     assert "<svg" in page and "output throughput per GPU (tok/s, modelled hardware)" in page
-    assert "chosen: mem_fraction_static=" in page
+    assert f"trial {best['trial']} (chosen)" in page
     assert "Ruled out before any launch" in page and "short by" in page
     assert json.loads((index.parent / "tune.json").read_text())["launches"] == 3
+
+
+def test_the_tuning_notebook_narrates_the_search_into_an_offline_report(tmp_path: Path) -> None:
+    """``07_tune`` under papermill: the model's rulings, the trials, the frontier (inline SVG), the winner and its
+    A/B against the base, in a report that fetches nothing."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DSV4LAB_STATE_DIR": str(tmp_path / "state")}
+    out = subprocess.run(
+        [sys.executable, "-m", "dsv4lab", "run", "07_tune", "--reports", str(tmp_path / "reports"),
+         "-p", "time_scale", "0.02", "-p", "budget", "3", "-p", "input_len", "1000", "-p", "output_len", "16",
+         "-p", "space", "mem_fraction_static 0.80,0.92; cuda_graph_max_bs 8,16,256"],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = Path(out.stdout.strip().splitlines()[-1])
+    results = json.loads((report.parent / "results.json").read_text())
+    figures = results["figures"]
+    assert (figures["launches"], figures["grid_size"], figures["ruled_out"]) == (3, 6, 2)
+    assert figures["best"]["cuda_graph_max_bs"] in (8, 16) and figures["tuned_gain"]["repeats"] == [3, 3]
+    page = report.read_text()
+    assert not re.search(r"""(src|href)=["']https?://""", page)
+    assert 'src="data:image/svg+xml' in page or "<svg" in page
+    for text in ("the memory model ruled out", "OOM in cuda_graph_capture", "The winner is trial", "95% CI"):
+        assert text in page, text
 
 
 def test_bad_input_is_refused_before_anything_is_made(tmp_path: Path) -> None:

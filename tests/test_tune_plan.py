@@ -154,7 +154,7 @@ def test_the_frontier_chart_says_its_axes_clock_cut_and_choice() -> None:
         "output throughput per GPU (tok/s, modelled hardware)",
         "interactivity: output tok/s per user (1000 / median TPOT, modelled hardware)",
         "TPOT SLO missed (TPOT &gt; 40 ms)",
-        "chosen: mem=0.7",
+        "mem=0.7 (chosen)",
         "misses the SLO",
     ):
         assert text in svg, text

@@ -74,21 +74,25 @@ class LatencyLimit:
 
 
 def parse_slo(spec: Mapping[str, Any] | Sequence[str] | str | None) -> tuple[LatencyLimit, ...]:
-    """SLOs from ``{"tpot_p99_ms": 400}``, ``["tpot_p99_ms=400", ...]`` or ``"tpot_p99_ms=400,ttft_p90_ms=2000"``;
-    a name or a limit that is not one is a :class:`ConfigError` naming it and what is allowed."""
+    """SLOs from ``{"tpot_p99_ms": 400}``, ``["tpot_p99_ms=400", ...]``, ``"tpot_p99_ms=400,ttft_p90_ms=2000"`` or
+    a notebook parameter's ``"tpot_p99_ms 400; ttft_p90_ms 2000"`` (papermill cannot read a parameter whose
+    value holds an equals sign); a name or a limit that is not one is a :class:`ConfigError` naming it and
+    what is allowed."""
     if spec is None or spec == "" or spec == ():
         return ()
     items: Iterable[tuple[str, Any]]
     if isinstance(spec, Mapping):
         items = spec.items()
     else:
-        texts = spec.split(",") if isinstance(spec, str) else list(spec)
+        texts = re.split(r"[;,]", spec) if isinstance(spec, str) else list(spec)
         pairs = []
         for text in texts:
-            if not isinstance(text, str) or "=" not in text:
+            if isinstance(text, str) and not text.strip():
+                continue
+            words = text.replace("=", " ").split() if isinstance(text, str) else []
+            if len(words) != 2:
                 raise ConfigError("slo", text, _ALLOWED)
-            key, _, value = text.partition("=")
-            pairs.append((key.strip(), value.strip()))
+            pairs.append((words[0], words[1]))
         items = pairs
     limits: dict[str, LatencyLimit] = {}
     for key, value in items:

@@ -24,7 +24,7 @@ from typing import Any
 from dsv4lab.atomicfile import to_jsonable, write_json_atomic
 from dsv4lab.config.server_config import ConfigDiff
 from dsv4lab.engines import Engine, SGLangEngine, get_engine
-from dsv4lab.errors import ConfigError, UnknownNameError
+from dsv4lab.errors import ConfigError, DSV4LabError, UnknownNameError
 from dsv4lab.notebook.lab import DEFAULT_HARDWARE, Lab
 from dsv4lab.resources import CONFIGS
 from dsv4lab.serving.slurm import SlurmPlacement
@@ -284,7 +284,6 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
     from dsv4lab.config.hardware import hardware_profile
     from dsv4lab.config.presets import PRESETS
     from dsv4lab.config.versions import resolve_release
-    from dsv4lab.errors import DSV4LabError
 
     where = f" of {notebook}" if notebook else ""
 
@@ -310,6 +309,7 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
     except ConfigError as exc:
         raise named(exc.field, exc) from None
     engine = exp.engine
+    _check_tuning(params, engine, named)
     sglang = isinstance(engine, SGLangEngine)
     version_name = "version" if exp.version or not sglang else "sglang_version"
     try:
@@ -346,6 +346,32 @@ def check_experiment_parameters(params: Mapping[str, Any], *, notebook: str = ""
         except DSV4LabError as exc:
             raise named(name, exc) from None
     _check_run_dirs(exp, params, where)
+
+
+def _check_tuning(params: Mapping[str, Any], engine: Engine, named: Any) -> None:
+    """A tuning notebook's search ``space`` (``FIELD lo:hi; FIELD v1,v2``), ``objective``, ``slo`` (``NAME MS;
+    ...``) and ``floor`` (0: none), read as :meth:`Lab.tune` will read them."""
+    from dsv4lab.bench.slo import parse_slo
+    from dsv4lab.notebook.tune import Objective, parse_space
+
+    if "space" not in params:
+        return
+    for name, check in (
+        ("space", lambda: parse_space(str(params["space"]), list(engine.field_names()))),
+        ("slo", lambda: parse_slo(str(params.get("slo") or ""))),
+        (
+            "objective",
+            lambda: Objective(
+                str(params.get("objective", "throughput")),
+                parse_slo(str(params.get("slo") or "")),
+                float(params["floor"]) if params.get("floor") else None,
+            ),
+        ),
+    ):
+        try:
+            check()
+        except DSV4LabError as exc:
+            raise named(name, exc) from None
 
 
 def _check_run_dirs(exp: Experiment, params: Mapping[str, Any], where: str) -> None:

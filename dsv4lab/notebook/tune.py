@@ -49,7 +49,9 @@ __all__ = [
     "Objective",
     "Trial",
     "TuneResult",
+    "model_key",
     "model_order",
+    "model_seeds",
     "parse_space",
     "run_tune",
 ]
@@ -96,6 +98,17 @@ def _number(text: str) -> int | float | bool | str:
         return text.strip()
 
 
+def _pair(text: Any) -> tuple[str | None, str]:
+    """``FIELD=VALUES`` or ``FIELD VALUES``; (None, "") for anything else."""
+    if not isinstance(text, str):
+        return None, ""
+    if "=" in text:
+        key, _, value = text.partition("=")
+    else:
+        key, _, value = text.strip().partition(" ")
+    return (key.strip() or None, value.strip()) if value.strip() else (None, "")
+
+
 def _range(name: str, text: str) -> tuple[Any, ...]:
     parts = text.split(":")
     allowed = "lo:hi or lo:hi:step with numbers lo < hi (and step > 0), e.g. 0.50:0.75 or 2048:8192:2048"
@@ -116,23 +129,25 @@ def _range(name: str, text: str) -> tuple[Any, ...]:
     return tuple(round(v, 6) for v in values)
 
 
-def parse_space(spec: Mapping[str, Any] | Sequence[str], fields: Sequence[str]) -> tuple[Dimension, ...]:
+def parse_space(spec: Mapping[str, Any] | Sequence[str] | str, fields: Sequence[str]) -> tuple[Dimension, ...]:
     """The space from ``["mem_fraction_static=0.50:0.75", "cuda_graph_max_bs=8,16,32,64"]`` (the CLI's
-    ``--space``) or ``{"mem_fraction_static": "0.50:0.75", "cuda_graph_max_bs": [8, 16, 32, 64]}``: a range
-    ``lo:hi[:step]`` (cut in five steps when no step is given) or a list of choices, for config fields
-    (``fields``: the engine's names, nested ones dotted)."""
+    ``--space``), ``{"mem_fraction_static": "0.50:0.75", "cuda_graph_max_bs": [8, 16, 32, 64]}``, or a notebook
+    parameter's text ``"mem_fraction_static 0.50:0.75; cuda_graph_max_bs 8,16,32,64"`` (papermill cannot read a
+    parameter whose value holds an equals sign): a range ``lo:hi[:step]`` (cut in five steps when no step is
+    given) or a list of choices, for config fields (``fields``: the engine's names, nested ones dotted)."""
     items: list[tuple[str, Any]]
     if isinstance(spec, Mapping):
         items = [(str(k), v) for k, v in spec.items()]
     else:
+        texts = [part for part in spec.split(";") if part.strip()] if isinstance(spec, str) else list(spec)
         items = []
-        for text in spec:
-            if not isinstance(text, str) or "=" not in text:
+        for text in texts:
+            key, value = _pair(text)
+            if key is None:
                 raise ConfigError(
                     "space", text, "FIELD=lo:hi[:step] or FIELD=v1,v2,..., e.g. cuda_graph_max_bs=8,16,32"
                 )
-            key, _, value = text.partition("=")
-            items.append((key.strip(), value.strip()))
+            items.append((key, value))
     if not items:
         raise ConfigError("space", "", "at least one FIELD=lo:hi or FIELD=v1,v2 to search")
     dims: dict[str, Dimension] = {}
@@ -295,7 +310,8 @@ class TuneResult:
         """One row per launched trial and concurrency level (the frontier's rows, with the SLO figures)."""
         rows = []
         for t in self.trials:
-            base = {"trial": t.number, "config": t.label, **t.values, "status": t.status, "score": t.score}
+            base = {"trial": t.number, "config": f"trial {t.number}", "point": t.label, **t.values}
+            base.update(status=t.status, score=t.score)
             if not t.levels:
                 rows.append({**base, "concurrency": None})
             for level in t.levels:
@@ -322,9 +338,16 @@ class TuneResult:
             self.frontier_frame(),
             clock=self.clock,
             tpot_limit_ms=self.objective.tpot_limit_ms,
-            chosen=best.label if best is not None else None,
+            chosen=f"trial {best.number}" if best is not None else None,
             title=f"{self.base}: every trial at every concurrency",
         )
+
+    def ruled_out_frame(self) -> pd.DataFrame:
+        """The points the memory model ruled out before any launch, each with the phase and the GiB short."""
+        rows = [{**t.values, "predicted": t.predicted, "short by (GiB)": t.short_by_gib} for t in self.ruled_out]
+        columns = [*(d.field for d in self.space), "predicted", "short by (GiB)"]
+        frame: pd.DataFrame = pd.DataFrame(rows, columns=columns)
+        return frame
 
     def to_dict(self) -> dict[str, Any]:
         """What ``dsv4lab tune --json`` prints and ``tune.json`` holds."""
@@ -397,22 +420,56 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return f"{float(value):,.{digits}f}"
 
 
+def model_key(prediction: Any, load_tokens: int, top_bs: int) -> tuple[bool, bool, bool, float]:
+    """What the memory model says of a point that fits, best first when sorted in reverse: a KV pool that holds
+    the whole load (the largest concurrency's requests at full length) before one that does not; CUDA graphs
+    that cover the largest concurrency; no risk of running out of activation room on the first big prefill;
+    then, only for a pool that does not hold the load, the larger pool (a pool that holds it gains nothing
+    from more room, so those points tie)."""
+    kv = float(getattr(prediction, "kv_tokens", 0) or 0)
+    settings = getattr(prediction, "settings", None)
+    graph_bs = getattr(settings, "cuda_graph_max_bs", None)
+    covers = graph_bs is None or graph_bs >= top_bs
+    holds = kv >= load_tokens
+    return (holds, covers, not bool(getattr(prediction, "runtime_risk", False)), 0.0 if holds else kv)
+
+
 def model_order(predictions: Mapping[int, Any], load_tokens: int, top_bs: int) -> list[int]:
-    """The points predicted to fit, best first, by what the memory model says of each: a KV pool that holds the
-    whole load (the largest concurrency's requests at full length) before one that does not; CUDA graphs that
-    cover the largest concurrency; no risk of running out of activation room on the first big prefill; then
-    the larger KV pool."""
-
-    def key(i: int) -> tuple[bool, bool, bool, float]:
-        p = predictions[i]
-        kv = float(getattr(p, "kv_tokens", 0) or 0)
-        settings = getattr(p, "settings", None)
-        graph_bs = getattr(settings, "cuda_graph_max_bs", None)
-        covers = graph_bs is None or graph_bs >= top_bs
-        return (kv >= load_tokens, covers, not bool(getattr(p, "runtime_risk", False)), kv)
-
+    """The points predicted to fit, best first by :func:`model_key` (ties keep the space's order)."""
     fitting = [i for i in predictions if getattr(predictions[i], "fits", False)]
-    return sorted(fitting, key=key, reverse=True)
+    return sorted(fitting, key=lambda i: model_key(predictions[i], load_tokens, top_bs), reverse=True)
+
+
+def _distance(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def model_seeds(
+    order: Sequence[int],
+    keys: Mapping[int, Any],
+    points: Sequence[Mapping[str, Any]],
+    space: Sequence[Dimension],
+    n: int,
+) -> list[int]:
+    """The first ``n`` launches: the model's best point, then among the points the model ranks as high (a tie)
+    the ones farthest from those already chosen (each dimension's position scaled to 0..1), so that what the
+    model cannot tell apart is tried at its extremes; then the next ranks."""
+    if not order:
+        return []
+
+    def position(i: int) -> list[float]:
+        return [d.values.index(points[i][d.field]) / max(1, len(d.values) - 1) for d in space]
+
+    chosen = [order[0]]
+    for tier_key in dict.fromkeys(keys[i] for i in order):
+        tier = [i for i in order if keys[i] == tier_key and i not in chosen]
+        while tier and len(chosen) < n:
+            far = max(tier, key=lambda i: min(_distance(position(i), position(j)) for j in chosen))
+            chosen.append(far)
+            tier.remove(far)
+        if len(chosen) >= n:
+            break
+    return chosen[:n]
 
 
 def _level_figures(run: Any, gpus: int, limits: Sequence[LatencyLimit]) -> dict[str, Any]:
@@ -480,6 +537,7 @@ def run_tune(
     predictions = {i: lab.preflight(c) for i, c in enumerate(configs)}
     load_tokens = max(levels) * (input_len + output_len)
     order = model_order(predictions, load_tokens, max(levels))
+    keys = {i: model_key(predictions[i], load_tokens, max(levels)) for i in order}
     rank = {i: r + 1 for r, i in enumerate(order)}
     out = Path(folder) if folder is not None else lab.run_root
     out.mkdir(parents=True, exist_ok=True)
@@ -509,13 +567,13 @@ def run_tune(
         for d in dims
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seeded = model_seeds(order, keys, points, dims, max(1, min(len(order), max(2, budget // 3))))
     with warnings.catch_warnings():  # constraints_func is marked experimental (since Optuna 3.0)
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=min(4, budget), constraints_func=lambda t: (t.user_attrs.get("short_by", 0.0),)
+            seed=seed, n_startup_trials=len(seeded), constraints_func=lambda t: (t.user_attrs.get("short_by", 0.0),)
         )
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    seeded = order[: max(1, min(2, budget // 3))]
     for i in seeded:
         study.enqueue_trial(encode(i))
     done: dict[int, Trial] = {}

@@ -92,6 +92,7 @@ def frontier_chart(
     y = alt.Y("tok_s_per_gpu:Q", title=y_title, scale=alt.Scale(zero=True))
     tooltip = [
         alt.Tooltip("config:N"),
+        *([alt.Tooltip("point:N", title="config")] if "point" in data.columns else []),
         alt.Tooltip("concurrency:Q"),
         alt.Tooltip("tok_s_per_user:Q", format=",.1f", title="tok/s per user"),
         alt.Tooltip("tok_s_per_gpu:Q", format=",.1f", title="tok/s per GPU"),
@@ -133,13 +134,13 @@ def frontier_chart(
         alt.Chart(data).mark_text(dy=-10, fontSize=10, color="#57606a").encode(x=x, y=y, text="concurrency:Q")
     )
     if chosen is not None and (data["config"] == chosen).any():
-        mark = data[data["config"] == chosen].nlargest(1, "tok_s_per_gpu").assign(label=f"chosen: {chosen}")
+        mark = data[data["config"] == chosen].nlargest(1, "tok_s_per_gpu").assign(label=f"{chosen} (chosen)")
         layers.append(
             alt.Chart(mark).mark_point(size=400, shape="circle", color="#1a7f37", strokeWidth=2.5).encode(x=x, y=y)
         )
         layers.append(
             alt.Chart(mark)
-            .mark_text(align="left", dx=14, dy=12, fontWeight="bold", color="#1a7f37")
+            .mark_text(align="right", dx=-14, dy=14, fontWeight="bold", color="#1a7f37")
             .encode(x=x, y=y, text="label:N")
         )
     subtitle = "each point a config at one concurrency (the number above it); dashed: the frontier"
