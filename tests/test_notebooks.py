@@ -325,6 +325,8 @@ def test_the_index_leads_with_one_headline_per_config(campaign: Campaign) -> Non
     assert "mean of 3 runs" in a16[3] and "A/B" in a16[3] and "8,000 in / 256 out" in a16[3]
     assert "benchmark, step a" in a16[4] and "lever A/B against untuned-fp8, step a" in a16[4]
     assert "profile step, step kernels" in a16[4]
+    # Every config measured, on one frontier: a key chart of the index, an image whose alt text names it.
+    assert 'alt="Every config measured: throughput per GPU against interactivity"' in html
 
 
 @pytest.mark.timeout(CAMPAIGN_SETUP_TIMEOUT_S)  # the module fixture runs the campaign first
@@ -375,6 +377,9 @@ def test_a_sweep_runs_the_grid_and_skips_what_the_model_says_cannot_fit(tmp_path
     assert by_cap[64]["status"] == "skipped" and by_cap[64]["predicted"].startswith("OOM")
     html = index.read_text()
     assert "<svg" in html and "skipped" in html and "report.html" in html
+    # The points' frontier: throughput per GPU against tok/s per user, on the modelled hardware's clock.
+    assert "Every point: throughput per GPU against interactivity" in html
+    assert "output throughput per GPU (tok/s, modelled hardware)" in html
     # The sweep says what it held fixed and over what base, with units, in the index, sweep.json and terminal.
     sweep = json.loads((index.parent / "sweep.json").read_text())
     assert sweep["swept"] == ["cuda_graph_max_bs"] and sweep["fixed"]["mem_fraction_static"] == 0.9

@@ -155,8 +155,26 @@ def test_the_frontier_chart_says_its_axes_clock_cut_and_choice() -> None:
         "interactivity: output tok/s per user (1000 / median TPOT, modelled hardware)",
         "TPOT SLO missed (TPOT &gt; 40 ms)",
         "mem=0.7 (chosen)",
-        "misses the SLO",
+        "hollow triangles miss an SLO",
     ):
         assert text in svg, text
     with pytest.raises(Exception, match="columns"):
         frontier_chart(frame.drop(columns=["meets_slo"]))
+
+
+def test_any_campaigns_or_sweeps_measurements_give_frontier_rows() -> None:
+    """The headline per config and concurrency, per GPU and per user; a measurement without a TPOT or a GPU
+    count (recorded before they were) is left out rather than guessed."""
+    from dsv4lab.notebook.measurements import Measurement, frontier_rows
+
+    items = [
+        Measurement("config-a", 16, 160.0, 3, "8,000 in / 256 out", "A/B", tpot_ms=100.0, gpus=8),
+        Measurement("config-a", 16, 150.0, 1, "8,000 in / 256 out", "benchmark", tpot_ms=110.0, gpus=8),
+        Measurement("config-b", 1, 24.0, 3, "8,000 in / 256 out", "A/B", tpot_ms=40.0, gpus=8),
+        Measurement("old", 1, 20.0, 1, "", "benchmark"),
+    ]
+    rows = frontier_rows(items)
+    assert [(r["config"], r["concurrency"]) for r in rows] == [("config-a", 16), ("config-b", 1)]
+    assert rows[0]["tok_s_per_gpu"] == 20.0 and rows[0]["tok_s_per_user"] == 10.0  # the A/B's 3 repeats lead
+    assert rows[1]["tok_s_per_user"] == 25.0
+    assert Measurement.from_dict(items[0].to_dict()) == items[0]

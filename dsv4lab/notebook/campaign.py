@@ -44,6 +44,7 @@ from dsv4lab.notebook.nbrun import (
     find_notebook,
     new_run_dir,
     notebook_parameters,
+    params_clock,
     run_host,
     run_notebook,
     target_provenance,
@@ -598,7 +599,8 @@ def write_index(campaign: Campaign, folder: Path, states: Sequence[StepState]) -
         headlines=_headline_views(states),
         levers=[_lever_view(x, by_id) for x in campaign.index.get("lever", [])],
         facts=[_fact_view(x, by_id) for x in campaign.index.get("fact", [])],
-        charts=[c for c in (_chart_view(x, by_id, folder) for x in campaign.index.get("chart", [])) if c],
+        charts=[c for c in (_chart_view(x, by_id, folder) for x in campaign.index.get("chart", [])) if c]
+        + _frontier_view(states, campaign.parameters),
         provenance=_provenance(campaign),
         ok=all(s.status == "ok" for s in states) and len(states) == len(campaign.steps),
     )
@@ -730,6 +732,24 @@ def _chart_view(spec: Mapping[str, Any], by_id: Mapping[str, StepState], folder:
         "src": f"data:image/svg+xml;base64,{data}",
         "report": _rel(state.report, folder) or "",
     }
+
+
+def _frontier_view(states: Sequence[StepState], parameters: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The Pareto frontier of every config the steps measured (throughput per GPU against tok/s per user), as
+    one more key chart; none when fewer than two points have a TPOT."""
+    import pandas as pd
+
+    from dsv4lab.notebook.measurements import frontier_rows
+    from dsv4lab.plots import to_svg
+    from dsv4lab.plots.frontier import frontier_chart
+
+    rows = frontier_rows(step_measurements(states))
+    if len(rows) < 2:
+        return []
+    title = "Every config measured: throughput per GPU against interactivity"
+    svg = to_svg(frontier_chart(pd.DataFrame(rows), clock=params_clock(parameters), title=title))
+    data = base64.b64encode(svg.encode()).decode()
+    return [{"title": title, "src": f"data:image/svg+xml;base64,{data}", "report": ""}]
 
 
 def _provenance(campaign: Campaign) -> list[tuple[str, str]]:

@@ -20,7 +20,7 @@ from typing import Any
 from dsv4lab.counts import plural
 from dsv4lab.units import fmt_tok_s
 
-__all__ = ["Measurement", "by_config", "headline", "measurements"]
+__all__ = ["Measurement", "by_config", "frontier_rows", "gpus_of", "headline", "measurements"]
 
 #: Which measurement leads when repeats tie: an A/B's interleaved repeats, then a plain benchmark.
 _ROLE_RANK = {"A/B": 0, "benchmark": 1}
@@ -39,6 +39,10 @@ class Measurement:
     ci: tuple[float, float] | None = None
     clock: str = "measured"
     step: str = ""
+    #: The mean of the runs' median TPOT (ms, on the same clock): what a user sees, for the frontier.
+    tpot_ms: float | None = None
+    #: The GPUs the server used (its config's parallelism), for throughput per GPU.
+    gpus: int | None = None
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -75,6 +79,8 @@ class Measurement:
             ci=(float(ci[0]), float(ci[1])) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
             clock=str(data.get("clock") or "measured"),
             step=step or str(data.get("step") or ""),
+            tpot_ms=None if data.get("tpot_ms") is None else float(data["tpot_ms"]),
+            gpus=None if data.get("gpus") is None else int(data["gpus"]),
         )
 
 
@@ -91,13 +97,19 @@ def measurements(source: Any, *, role: str) -> list[Measurement]:
     from dsv4lab.bench.stats import t_quantile
 
     groups: dict[tuple[str, int | None, str], list[float]] = {}
+    tpots: dict[tuple[str, int | None, str], list[float]] = {}
     clocks: dict[tuple[str, int | None, str], str] = {}
+    gpus: dict[tuple[str, int | None, str], int | None] = {}
     for r in _runs_of(source):
         if r.partial or not r.summary.completed:
             continue
         key = (r.label or "unnamed", r.concurrency, r.workload_text)
         groups.setdefault(key, []).append(r.on_hardware.output_throughput)
+        tpot = r.on_hardware.tpot_ms.median
+        if math.isfinite(tpot):
+            tpots.setdefault(key, []).append(tpot)
         clocks[key] = r.clock.reading
+        gpus[key] = gpus_of(r)
     out = []
     for (config, concurrency, workload), values in groups.items():
         mean = statistics.fmean(values)
@@ -105,12 +117,46 @@ def measurements(source: Any, *, role: str) -> list[Measurement]:
         if len(values) >= 2:
             half = t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
             ci = (mean - half, mean + half)
+        key = (config, concurrency, workload)
+        tpot = statistics.fmean(tpots[key]) if tpots.get(key) else None
         out.append(
-            Measurement(
-                config, concurrency, mean, len(values), workload, role, ci, clocks[(config, concurrency, workload)]
-            )
+            Measurement(config, concurrency, mean, len(values), workload, role, ci, clocks[key], "", tpot, gpus[key])
         )
     return out
+
+
+def gpus_of(result: Any) -> int | None:
+    """The GPUs a run's server used: the GPUs it reported, else its config's tensor x data parallelism (DP
+    attention shares the tensor-parallel GPUs); None when the record does not say."""
+    names = result.provenance.gpu_names
+    if names:
+        return len(names)
+    config = result.provenance.config or {}
+    tp = config.get("tp") or config.get("tensor_parallel_size")
+    if not tp:
+        return None
+    dp = config.get("dp") or config.get("data_parallel_size") or 1
+    shared = "--enable-dp-attention" in (config.get("extra_args") or [])
+    return int(tp) if shared else int(tp) * int(dp)
+
+
+def frontier_rows(items: Iterable[Measurement]) -> list[dict[str, Any]]:
+    """The frontier's rows (:func:`dsv4lab.plots.frontier.frontier_chart`) from measurements: the headline per
+    config and concurrency that has a TPOT and a GPU count; no SLO is known here, so every point meets it."""
+    rows = []
+    for lead, _ in by_config(items):
+        if lead.tpot_ms is None or not lead.tpot_ms > 0 or not lead.gpus:
+            continue
+        rows.append(
+            {
+                "config": lead.config,
+                "concurrency": lead.concurrency,
+                "tok_s_per_user": 1000.0 / lead.tpot_ms,
+                "tok_s_per_gpu": lead.output_tok_s / lead.gpus,
+                "meets_slo": True,
+            }
+        )
+    return rows
 
 
 def headline(items: Sequence[Measurement]) -> Measurement:

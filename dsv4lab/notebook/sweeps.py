@@ -560,6 +560,7 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[
     keys = result.keys
     if metric and keys:
         chart_svg = to_svg(_chart(frame, keys, metric, result.title))
+    frontier_svg = _frontier_svg(points, fixed)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True)
     cells = result.table_rows()
     rows: list[dict[str, Any]] = []
@@ -575,6 +576,7 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[
         columns=list(cells[0]) if cells else [],
         rows=rows,
         chart_svg=chart_svg,
+        frontier_svg=frontier_svg,
         notes=result.notes(),
         clock=clock,
     )
@@ -582,6 +584,32 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[
     from dsv4lab.notebook.report import public_html
 
     return write_text_atomic(folder / "index.html", public_html(page, [folder]))  # shared like a report
+
+
+def _frontier_svg(points: Sequence[SweepPoint], fixed: Mapping[str, Any]) -> str:
+    """The Pareto frontier of the points' benchmarks (each point a config, named by its swept values), as inline
+    SVG; empty when fewer than two measurements have a TPOT."""
+    from dsv4lab.notebook.experiment import read_results
+    from dsv4lab.notebook.measurements import Measurement, frontier_rows
+    from dsv4lab.plots import to_svg
+    from dsv4lab.plots.frontier import frontier_chart
+
+    found: list[Measurement] = []
+    for p in points:
+        if not p.run_dir:
+            continue
+        name = " ".join(f"{k}={v}" for k, v in p.parameters.items())
+        with contextlib.suppress(DSV4LabError):
+            for item in read_results(p.run_dir).get("measurements", []):
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    found.append(dataclasses.replace(Measurement.from_dict(item), config=name))
+    rows = frontier_rows(found)
+    if len(rows) < 2:
+        return ""
+    clock = params_clock({"target": "", **fixed})
+    return to_svg(
+        frontier_chart(pd.DataFrame(rows), clock=clock, title="Every point: throughput per GPU against interactivity")
+    )
 
 
 def _metric(frame: pd.DataFrame) -> str | None:

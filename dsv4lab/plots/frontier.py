@@ -83,7 +83,10 @@ def frontier_chart(
     if data.empty:
         raise PlotError("no config has a throughput and a TPOT to draw: every trial failed or was ruled out")
     reading = f", {clock.reading}" if clock is not None and clock.is_twin else ""
-    data["on_frontier"] = pareto_front(data)
+    # The frontier of what meets the SLO (of every point when none does): the trade a user can choose from.
+    pool = data[data["meets_slo"]] if bool(data["meets_slo"].any()) else data
+    data["on_frontier"] = False
+    data.loc[pool.index, "on_frontier"] = pareto_front(pool)
     data["slo"] = data["meets_slo"].map({True: "meets the SLO", False: "misses the SLO"})
     x_title = f"interactivity: output tok/s per user (1000 / median TPOT{reading})"
     y_title = f"output throughput per GPU (tok/s{reading})"
@@ -118,18 +121,20 @@ def frontier_chart(
         .mark_line(color="#57606a", strokeDash=[4, 3], point=False)
         .encode(x=x, y=y, order="tok_s_per_user:Q")
     )
-    layers.append(
-        alt.Chart(data)
-        .mark_point(size=70, strokeWidth=2)
-        .encode(
-            x=x,
-            y=y,
-            color=alt.Color("config:N", title="config"),
-            shape=alt.Shape("slo:N", title="SLO", scale=alt.Scale(range=["circle", "triangle"])),
-            fill=alt.condition("datum.meets_slo", alt.Color("config:N", legend=None), alt.value("white")),
-            tooltip=tooltip,
+    color = alt.Color("config:N", title="config")
+    met, missed = data[data["meets_slo"]], data[~data["meets_slo"]]
+    if not met.empty:
+        layers.append(
+            alt.Chart(met)
+            .mark_point(size=70, filled=True, shape="circle")
+            .encode(x=x, y=y, color=color, tooltip=tooltip)
         )
-    )
+    if not missed.empty:
+        layers.append(
+            alt.Chart(missed)
+            .mark_point(size=90, filled=False, shape="triangle-up", strokeWidth=2)
+            .encode(x=x, y=y, color=color, tooltip=tooltip)
+        )
     layers.append(
         alt.Chart(data).mark_text(dy=-10, fontSize=10, color="#57606a").encode(x=x, y=y, text="concurrency:Q")
     )
@@ -144,6 +149,8 @@ def frontier_chart(
             .encode(x=x, y=y, text="label:N")
         )
     subtitle = "each point a config at one concurrency (the number above it); dashed: the frontier"
+    if not missed.empty:
+        subtitle += " of the points within the SLO; hollow triangles miss an SLO"
     chart: alt.LayerChart = alt.layer(*layers).properties(
         width=WIDTH, height=320, title=alt.TitleParams(title, subtitle=[subtitle], anchor="start")
     )
