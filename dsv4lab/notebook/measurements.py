@@ -142,17 +142,21 @@ def gpus_of(result: Any) -> int | None:
 
 def frontier_rows(items: Iterable[Measurement]) -> list[dict[str, Any]]:
     """The frontier's rows (:func:`dsv4lab.plots.frontier.frontier_chart`) from measurements: the headline per
-    config and concurrency that has a TPOT and a GPU count; no SLO is known here, so every point meets it."""
+    config and concurrency that has a TPOT, per GPU by the config's GPU count (from any of its measurements
+    that recorded it); no SLO is known here, so every point meets it."""
+    items = list(items)
+    gpus = {m.config: m.gpus for m in items if m.gpus}
     rows = []
     for lead, _ in by_config(items):
-        if lead.tpot_ms is None or not lead.tpot_ms > 0 or not lead.gpus:
+        count = lead.gpus or gpus.get(lead.config)
+        if lead.tpot_ms is None or not lead.tpot_ms > 0 or not count:
             continue
         rows.append(
             {
                 "config": lead.config,
                 "concurrency": lead.concurrency,
                 "tok_s_per_user": 1000.0 / lead.tpot_ms,
-                "tok_s_per_gpu": lead.output_tok_s / lead.gpus,
+                "tok_s_per_gpu": lead.output_tok_s / count,
                 "meets_slo": True,
             }
         )
