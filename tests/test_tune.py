@@ -85,6 +85,21 @@ def test_tune_follows_the_cli_contract_and_launches_only_what_the_model_lets_sta
     assert json.loads((index.parent / "tune.json").read_text())["launches"] == 3
 
 
+def test_the_trials_logs_calibrate_the_memory_model(tmp_path: Path) -> None:
+    """Each trial's server log is a measurement of the graph pools: the result fits the model to them."""
+    from dsv4lab import Lab
+
+    lab = Lab(run_root=tmp_path / "runs", time_scale=0.02, progress=False)
+    try:
+        result = lab.tune(
+            "config_b_fixed", {"cuda_graph_max_bs": [8, 16]}, concurrency=4, input_len=500, output_len=8, budget=2
+        )
+    finally:
+        lab.close()
+    calibration = result.calibration()
+    assert sorted(p.max_bs for p in calibration.points) == [8, 16] and "target" in calibration.fitted
+
+
 def test_the_tuning_notebook_narrates_the_search_into_an_offline_report(tmp_path: Path) -> None:
     """``07_tune`` under papermill: the model's rulings, the trials, the frontier (inline SVG), the winner and its
     A/B against the base, in a report that fetches nothing."""

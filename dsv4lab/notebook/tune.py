@@ -342,6 +342,15 @@ class TuneResult:
             title=f"{self.base}: every trial at every concurrency",
         )
 
+    def calibration(self) -> Any:
+        """The graph-memory model fitted to what every launched trial's server logged, a crash included
+        (:func:`~dsv4lab.model.calibration.calibrate`): where the model's prediction was wrong, the next
+        tuning run on this host starts from the measured coefficients (``calibration.model``)."""
+        from dsv4lab.model.calibration import calibrate
+
+        logs = [Path(t.run_dir) / "server.log" for t in self.trials if t.run_dir]
+        return calibrate(*[log for log in logs if log.is_file()])
+
     def ruled_out_frame(self) -> pd.DataFrame:
         """The points the memory model ruled out before any launch, each with the phase and the GiB short."""
         rows = [{**t.values, "predicted": t.predicted, "short by (GiB)": t.short_by_gib} for t in self.ruled_out]
