@@ -736,7 +736,7 @@ def _chart_view(spec: Mapping[str, Any], by_id: Mapping[str, StepState], folder:
 
 def _frontier_view(states: Sequence[StepState], parameters: Mapping[str, Any]) -> list[dict[str, str]]:
     """The Pareto frontier of every config the steps measured (throughput per GPU against tok/s per user), as
-    one more key chart; none when fewer than two points have a TPOT."""
+    one more key chart; none when no config measured a TPOT."""
     import pandas as pd
 
     from dsv4lab.notebook.measurements import frontier_rows
@@ -744,7 +744,7 @@ def _frontier_view(states: Sequence[StepState], parameters: Mapping[str, Any]) -
     from dsv4lab.plots.frontier import frontier_chart
 
     rows = frontier_rows(step_measurements(states))
-    if len(rows) < 2:
+    if not rows:
         return []
     title = "Every config measured: throughput per GPU against interactivity"
     svg = to_svg(frontier_chart(pd.DataFrame(rows), clock=params_clock(parameters), title=title))

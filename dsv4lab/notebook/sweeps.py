@@ -588,7 +588,7 @@ def _write(nb: Path, folder: Path, points: Sequence[SweepPoint], fixed: Mapping[
 
 def _frontier_svg(points: Sequence[SweepPoint], fixed: Mapping[str, Any]) -> str:
     """The Pareto frontier of the points' benchmarks (each point a config, named by its swept values), as inline
-    SVG; empty when fewer than two measurements have a TPOT."""
+    SVG; empty when no point measured a TPOT."""
     from dsv4lab.notebook.experiment import read_results
     from dsv4lab.notebook.measurements import Measurement, frontier_rows
     from dsv4lab.plots import to_svg
@@ -604,7 +604,7 @@ def _frontier_svg(points: Sequence[SweepPoint], fixed: Mapping[str, Any]) -> str
                 with contextlib.suppress(KeyError, TypeError, ValueError):
                     found.append(dataclasses.replace(Measurement.from_dict(item), config=name))
     rows = frontier_rows(found)
-    if len(rows) < 2:
+    if not rows:
         return ""
     clock = params_clock({"target": "", **fixed})
     return to_svg(
