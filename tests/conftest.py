@@ -80,46 +80,6 @@ def any_host(request: pytest.FixtureRequest) -> Host:
     return host
 
 
-#: Seconds each long file took in a fresh ``CI=true make test`` (``--junitxml``, summed per file; 2026-12-03). Under
-#: pytest-xdist (``--dist loadfile --no-loadscope-reorder``) a file runs on one worker, in this order: longest
-#: first, so that no file of minutes starts last and leaves the other worker idle at the end. A file not listed
-#: takes seconds; re-measure when one grows past them.
-FILE_SECONDS = {
-    "test_notebooks.py": 304,
-    "test_slurm_launch.py": 320,
-    "test_vllm_campaign.py": 226,
-    "test_lab.py": 135,
-    "test_vllm_engine.py": 134,
-    "test_kernel_interrupt.py": 127,
-    "test_faults_notebooks.py": 107,
-    "test_real_sglang_parser.py": 101,
-    "test_panel_browser.py": 75,
-    "test_vllm_lab.py": 72,
-    "test_tune.py": 110,
-    "test_launch_watch.py": 61,
-    "test_faults_server.py": 52,
-    "test_faults_ssh.py": 44,
-    "test_slurmcluster.py": 42,
-    "test_widgets.py": 39,
-    "test_faults_disk.py": 38,
-    "test_security.py": 36,
-    "test_docs.py": 36,
-    "test_faults_kernel.py": 34,
-    "test_bench_tunnel.py": 25,
-    "test_hosts.py": 24,
-    "test_probe_notebook.py": 24,
-    "test_gpumem.py": 20,
-    "test_notebook_kernel_shutdown.py": 17,
-    "test_lab_offline.py": 17,
-    "test_twin_fault_logs.py": 15,
-    "test_twin_faults.py": 15,
-    "test_real_vllm_parser.py": 13,
-    "test_report_charts.py": 12,
-    "test_twin_serving.py": 12,
-    "test_secrets_prose.py": 11,
-}
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker's sessions start their servers' ports in a range of their own (gw0 from 31000,
     gw1 from 29000, ... below the kernel's ephemeral range): two workers' tests keep their port reservations
@@ -128,11 +88,6 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():
         os.environ["DSV4LAB_BASE_PORT"] = str(31000 - 2000 * int(worker[2:]))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first (:data:`FILE_SECONDS`), the rest in their own order after them."""
-    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
 
 
 #: How long a test's processes get to end after its teardown before they count as left behind.

@@ -368,6 +368,33 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
         "step a: parameter overrides",
         "divides the 128",
     ),
+    # tune
+    ("tune: unknown field", ["tune", "--twin", "--space", "nope=1,2"], "unknown config field 'nope'", "mem_fraction"),
+    (
+        "tune: goodput without an SLO",
+        ["tune", "--twin", "--space", "cuda_graph_max_bs=8,16", "--objective", "goodput"],
+        "objective='goodput'",
+        "goodput with an SLO",
+    ),
+    (
+        "tune: SLO name",
+        ["tune", "--twin", "--space", "cuda_graph_max_bs=8,16", "--slo", "tpot_p42_ms=1"],
+        "slo='tpot_p42_ms'",
+        "NAME=MS with NAME one of",
+    ),
+    ("tune: budget", ["tune", "--twin", "--space", "cuda_graph_max_bs=8,16", "--budget", "0"], "budget=0", ">= 1"),
+    (
+        "tune: side by side on one host",
+        ["tune", "--twin", "--space", "cuda_graph_max_bs=8,16", "--max-parallel", "2"],
+        "max_parallel=2",
+        "1 without a Slurm placement",
+    ),
+    (
+        "tune: one value",
+        ["tune", "--twin", "--space", "mem_fraction_static=0.5"],
+        "space mem_fraction_static",
+        "at least two different values",
+    ),
     # sweep
     (
         "sweep: one bad point",

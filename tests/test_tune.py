@@ -85,21 +85,6 @@ def test_tune_follows_the_cli_contract_and_launches_only_what_the_model_lets_sta
     assert json.loads((index.parent / "tune.json").read_text())["launches"] == 3
 
 
-def test_the_trials_logs_calibrate_the_memory_model(tmp_path: Path) -> None:
-    """Each trial's server log is a measurement of the graph pools: the result fits the model to them."""
-    from dsv4lab import Lab
-
-    lab = Lab(run_root=tmp_path / "runs", time_scale=0.02, progress=False)
-    try:
-        result = lab.tune(
-            "config_b_fixed", {"cuda_graph_max_bs": [8, 16]}, concurrency=4, input_len=500, output_len=8, budget=2
-        )
-    finally:
-        lab.close()
-    calibration = result.calibration()
-    assert sorted(p.max_bs for p in calibration.points) == [8, 16] and "target" in calibration.fitted
-
-
 def test_the_tuning_notebook_narrates_the_search_into_an_offline_report(tmp_path: Path) -> None:
     """``07_tune`` under papermill: the model's rulings, the trials, the frontier (inline SVG), the winner and its
     A/B against the base, in a report that fetches nothing."""
@@ -121,22 +106,6 @@ def test_the_tuning_notebook_narrates_the_search_into_an_offline_report(tmp_path
     assert 'src="data:image/svg+xml' in page or "<svg" in page
     for text in ("the memory model ruled out", "OOM in cuda_graph_capture", "The winner is trial", "95% CI"):
         assert text in page, text
-
-
-def test_bad_input_is_refused_before_anything_is_made(tmp_path: Path) -> None:
-    reports = tmp_path / "reports"
-    cases = [
-        (["--space", "nope=1,2"], "unknown config field 'nope'"),
-        (["--space", "cuda_graph_max_bs=8,16", "--objective", "goodput"], "goodput with an SLO"),
-        (["--space", "cuda_graph_max_bs=8,16", "--slo", "tpot_p42_ms=1"], "NAME=MS with NAME one of"),
-        (["--space", "cuda_graph_max_bs=8,16", "--budget", "0"], "budget=0"),
-        (["--space", "cuda_graph_max_bs=8,16", "--max-parallel", "2"], "1 without a Slurm placement"),
-    ]
-    for args, says in cases:
-        out = _tune(tmp_path, "--preset", "config_b_fixed", "--twin", *args, "--reports", str(reports))
-        lines = [line for line in out.stderr.splitlines() if line.strip()]
-        assert out.returncode == 2 and len(lines) == 1 and says in lines[0], (args, out.stderr)
-    assert not reports.exists(), "a refused tune made its folder"
 
 
 def test_stop_in_a_kernel_keeps_the_finished_trials_and_stops_the_running_one(tmp_path: Path) -> None:
@@ -164,6 +133,10 @@ def test_stop_in_a_kernel_keeps_the_finished_trials_and_stops_the_running_one(tm
         k.run("import sys")
         assert k.value(f"[t.status for t in {partial}.trials]") == "['ok', 'interrupted']"
         assert k.value(f"{partial}.best.number") == "1"
+        # Each trial's log is a measurement of the graph pools: the result fits the memory model to them.
+        k.run(f"fitted = {partial}.calibration()")
+        assert k.value("len(fitted.points) > 0 and {p.max_bs for p in fitted.points} <= {8, 16}") == "True"
+        assert k.value("'target' in fitted.fitted") == "True"
         (tune_json,) = (tmp_path / "runs").glob("tune-*/tune.json")
         saved = json.loads(tune_json.read_text())
         assert saved["interrupted"] is True and [t["status"] for t in saved["trials"]] == ["ok", "interrupted"]
