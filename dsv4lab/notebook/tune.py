@@ -353,7 +353,14 @@ class TuneResult:
 
     def ruled_out_frame(self) -> pd.DataFrame:
         """The points the memory model ruled out before any launch, each with the phase and the GiB short."""
-        rows = [{**t.values, "predicted": t.predicted, "short by (GiB)": t.short_by_gib} for t in self.ruled_out]
+        rows = [
+            {
+                **t.values,
+                "predicted": t.predicted,
+                "short by (GiB)": None if t.short_by_gib is None else round(t.short_by_gib, 2),
+            }
+            for t in self.ruled_out
+        ]
         columns = [*(d.field for d in self.space), "predicted", "short by (GiB)"]
         frame: pd.DataFrame = pd.DataFrame(rows, columns=columns)
         return frame
