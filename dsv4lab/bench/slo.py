@@ -111,14 +111,9 @@ def parse_slo(spec: Mapping[str, Any] | Sequence[str] | str | None) -> tuple[Lat
     return tuple(limits.values())
 
 
-def _scale(result: BenchResult) -> float:
-    """ms as measured → ms on the reader's clock."""
-    return result.clock.seconds(1.0)
-
-
 def good_requests(result: BenchResult, limits: Sequence[LatencyLimit]) -> int:
     """Requests that completed and met every limit on their own."""
-    scale = _scale(result)
+    scale = result.clock.seconds(1.0)  # ms as measured -> ms on the reader's clock
     good = 0
     rows: list[dict[str, Any]] = result.requests.to_dict("records")  # type: ignore[assignment]
     for row in rows:

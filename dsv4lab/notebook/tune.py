@@ -656,8 +656,7 @@ def run_tune(
             elapsed_s=time.monotonic() - started,
             note=f"every finished trial is kept; index: {result.index}",
         ) from None
-    _write(result)
-    return result
+    return result  # written after each batch
 
 
 def _gpus(lab: Any, config: Any) -> int:

@@ -6,24 +6,23 @@ across that trade, so the field's results page is the frontier: the points no ot
 A TPOT SLO is a floor on interactivity (a user sees about 1000 / TPOT tokens per second), so it cuts the chart
 at ``1000 / limit`` and the region left of it is shaded. Points that miss any SLO are drawn hollow.
 
-The frame is one row per config and concurrency (``TuneResult.to_frame()``, or :func:`frontier_frame` of any
-benchmark runs: a sweep's, a campaign's), every figure on the reader's clock.
+The frame is one row per config and concurrency (``TuneResult.to_frame()``, or
+:func:`dsv4lab.notebook.measurements.frontier_rows` of the measurements a sweep or a campaign recorded), every
+figure on the reader's clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import altair as alt
 import pandas as pd
 
-from dsv4lab.bench.results import BenchResult
 from dsv4lab.errors import PlotError
 from dsv4lab.plots.theme import WIDTH
 from dsv4lab.units import Clock
 
-__all__ = ["FRONTIER_COLUMNS", "frontier_chart", "frontier_frame", "pareto_front"]
+__all__ = ["FRONTIER_COLUMNS", "frontier_chart", "pareto_front"]
 
 #: The columns the chart reads.
 FRONTIER_COLUMNS = ("config", "concurrency", "tok_s_per_user", "tok_s_per_gpu", "meets_slo")
@@ -37,33 +36,6 @@ def pareto_front(frame: pd.DataFrame, x: str = "tok_s_per_user", y: str = "tok_s
         beaten = ((xs >= xs[i]) & (ys >= ys[i]) & ((xs > xs[i]) | (ys > ys[i]))).any()
         on.append(bool(not beaten and xs[i] == xs[i] and ys[i] == ys[i]))  # NaN is never on it
     return pd.Series(on, index=frame.index, name="on_frontier")
-
-
-def frontier_frame(runs: Mapping[str, Iterable[BenchResult]], gpus: Mapping[str, int] | int = 1) -> pd.DataFrame:
-    """The chart's rows from benchmark runs by config label (``{"config-a": runs, ...}``) and each config's GPU
-    count: the mean over repeats at each concurrency, on the reader's clock, with no SLO (``meets_slo`` True)."""
-    rows = []
-    for label, results in runs.items():
-        n_gpus = gpus if isinstance(gpus, int) else int(gpus.get(label, 1))
-        by_level: dict[int, list[BenchResult]] = {}
-        for r in results:
-            if r.concurrency is not None and r.outcome in ("ok", "errors"):
-                by_level.setdefault(int(r.concurrency), []).append(r)
-        for level, group in sorted(by_level.items()):
-            summaries = [r.on_hardware for r in group]
-            tput = sum(s.output_throughput for s in summaries) / len(summaries)
-            tpot = sum(s.tpot_ms.median for s in summaries) / len(summaries)
-            rows.append(
-                {
-                    "config": label,
-                    "concurrency": level,
-                    "tok_s_per_user": 1000.0 / tpot if tpot > 0 else float("nan"),
-                    "tok_s_per_gpu": tput / max(1, n_gpus),
-                    "meets_slo": True,
-                }
-            )
-    frame: pd.DataFrame = pd.DataFrame(rows, columns=list(FRONTIER_COLUMNS))
-    return frame
 
 
 def frontier_chart(
