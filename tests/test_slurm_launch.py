@@ -9,8 +9,12 @@ anything is submitted. Without Slurm these skip locally and fail under CI=true.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -286,9 +290,79 @@ def test_the_login_host_over_the_loopback_sshd(idle: SlurmCluster, sshd: SSHD, t
     assert ready["verdict"] == "READY" and ready["slurm"]["job_id"] == job, ready
     ps = cli(idle, "ps", *ssh, "--root", str(tmp_path), env=env)
     assert f"slurm job {job}" in ps.stdout and "RUNNING" in ps.stdout, (ps.stdout, ps.stderr)
+    # The login host keeps the job's port reservation in the SSH user's own state (the session's env does not
+    # travel): held while the job runs, gone with the stop.
+    ports = Path(pwd.getpwnam(sshd.user).pw_dir) / ".cache" / "dsv4lab" / "ports"
+    assert str(run_dir) in reservations(ports).get(port, "")
     stopped = cli(idle, "stop", str(run_dir), *ssh, env=env)
     assert stopped.returncode == 0 and "CANCELLED" in stopped.stdout, (stopped.stdout, stopped.stderr)
     assert idle.state(job) == "CANCELLED" and processes_of(run_dir) == []
+    assert str(run_dir) not in reservations(ports).get(port, "")
+
+
+def reservations(folder: Path) -> dict[int, str]:
+    """The port reservations in a dsv4lab state dir's ``ports`` folder: port -> the file's lines."""
+    if not folder.is_dir():
+        return {}
+    return {int(f.name): f.read_text() for f in folder.iterdir() if f.name.isdigit()}
+
+
+def test_a_port_is_held_while_its_job_is_queued_or_running_and_a_stopped_cluster_costs_one_squeue(
+    idle: SlurmCluster, tmp_path: Path
+) -> None:
+    """Reservations name their job (``slurm:ID``) and cluster; a pick asks each cluster once about all of its
+    jobs. A cluster that has stopped leaves its config behind in tests and on disks: asking it costs one
+    timeout, not one per reservation (five here)."""
+    ended = idle.sbatch("--partition", "gpu", "--wrap", "true")
+    idle.wait_state(ended, ["COMPLETED"])  # and still listed: MinJobAge is 300 s on this cluster
+    running = idle.sbatch("--partition", "gpu", "--gres", "gpu:8", "--wrap", "sleep 120")
+    queued = idle.sbatch("--partition", "gpu", "--gres", "gpu:8", "--wrap", "sleep 120")
+    idle.wait_state(running, ["RUNNING"])
+    idle.wait_state(queued, ["PENDING"])
+    dead = tmp_path / "stopped-cluster.conf"
+    dead.write_text(
+        idle.conf.read_text().replace(f"SlurmctldPort={idle.ctld_port}", f"SlurmctldPort={free_ports(1)[0]}")
+    )
+    state = Path(os.environ["DSV4LAB_STATE_DIR"]) / "ports"
+    state.mkdir(parents=True, exist_ok=True)
+    base = unbound_run(8)
+    jobs = [(running, idle.conf), (queued, idle.conf), (ended, idle.conf)] + [(str(90 + i), dead) for i in range(5)]
+    for offset, (job, conf) in enumerate(jobs):
+        (state / str(base + offset)).write_text(f"/runs/r{offset}\nslurm:{job}\n{conf}\n")
+    # Every squeue this pick runs is counted by a wrapper in front of the real one.
+    calls = tmp_path / "squeue-calls"
+    wrapper = tmp_path / "bin" / "squeue"
+    wrapper.parent.mkdir()
+    real = shutil.which("squeue")
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, **idle.env, "PATH": f"{wrapper.parent}:{os.environ['PATH']}"}
+    code = "import sys; from dsv4lab.hosts import LocalHost as H; from dsv4lab.serving.ports import pick_port as p; "
+    code += f"print(p(H(), {base}))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert int(out.stdout) == base + 2  # the running and the queued job's ports are held; the ended one's is not
+        asked = [set(line.split()[2].split(",")) for line in calls.read_text().splitlines()]
+        for cluster_jobs in ({running, queued, ended}, {str(90 + i) for i in range(5)}):  # one squeue per cluster
+            assert [ids for ids in asked if ids & cluster_jobs] == [cluster_jobs], asked
+    finally:
+        for offset in range(len(jobs)):
+            (state / str(base + offset)).unlink()
+
+
+def unbound_run(count: int) -> int:
+    """The first of ``count`` consecutive ports from 41000 (in steps of 16) that nothing listens on."""
+    for base in range(41000, 42000, 16):
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise AssertionError("no free run of ports from 41000")
 
 
 def test_a_lab_on_slurm_queues_and_reads_its_queue_time(idle: SlurmCluster, tmp_path: Path, monkeypatch: Any) -> None:

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from dsv4lab.errors import ConfigError, HostConnectionError, HostKeyError
-from dsv4lab.hosts.base import CommandResult, Follower, Host, KillReport, LineStream, LogLine, PortForward, StreamStart
+from dsv4lab.hosts.base import (
+    STATE_DIR,
+    CommandResult,
+    Follower,
+    Host,
+    KillReport,
+    LineStream,
+    LogLine,
+    PortForward,
+    StreamStart,
+)
 from dsv4lab.hosts.local import LocalHost
 from dsv4lab.hosts.ssh import SSHHost, fingerprint, resolve_target
 
 __all__ = [
+    "STATE_DIR",
     "CommandResult",
     "Follower",
     "Host",

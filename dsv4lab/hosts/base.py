@@ -16,9 +16,23 @@ from dataclasses import dataclass, field
 
 from dsv4lab.errors import CommandError
 
-__all__ = ["CommandResult", "Follower", "Host", "KillReport", "LineStream", "LogLine", "PortForward", "StreamStart"]
+__all__ = [
+    "STATE_DIR",
+    "CommandResult",
+    "Follower",
+    "Host",
+    "KillReport",
+    "LineStream",
+    "LogLine",
+    "PortForward",
+    "StreamStart",
+]
 
 _LINE = re.compile(rb"[^\r\n]*[\r\n]")
+
+#: Where a host keeps dsv4lab's per-user state (port reservations, the campaign lock), as a shell word: the
+#: user's ``$DSV4LAB_STATE_DIR``, else ``~/.cache/dsv4lab``. Private to the user.
+STATE_DIR = '"${DSV4LAB_STATE_DIR:-$HOME/.cache/dsv4lab}"'
 
 #: How many output lines an error message quotes.
 TAIL_LINES = 20

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from dsv4lab.errors import DSV4LabError, LaunchError
-from dsv4lab.hosts import Host, open_host
+from dsv4lab.hosts import STATE_DIR, Host, open_host
 
 __all__ = ["HOST_LOCK", "campaign_lock"]
 
 #: The host lock, in dsv4lab's state directory on the host.
 HOST_LOCK = "campaign.lock"
 _FOLDER_LOCK = "campaign.lock"
-_STATE_DIR = '"${DSV4LAB_STATE_DIR:-$HOME/.cache/dsv4lab}"'
 
 # $1 the lock line. Prints LOCKED, or HELD and the holder's line.
 _TAKE = r"""
@@ -40,14 +39,14 @@ f="$dir/__LOCK__"
 if ( set -o noclobber; printf '%s\n' "$1" > "$f" ) 2>/dev/null; then echo LOCKED; exit 0; fi
 printf 'HELD %s\n' "$(head -n 1 -- "$f" 2>/dev/null)"
 printf 'PATH %s\n' "$f"
-""".replace("__STATE__", _STATE_DIR).replace("__LOCK__", HOST_LOCK)
+""".replace("__STATE__", STATE_DIR).replace("__LOCK__", HOST_LOCK)
 
 # $1 the line the lock must still hold: remove it only then (never another campaign's lock).
 _DROP = r"""
 f=__STATE__/__LOCK__
 [ "$(head -n 1 -- "$f" 2>/dev/null)" = "$1" ] && rm -f -- "$f"
 exit 0
-""".replace("__STATE__", _STATE_DIR).replace("__LOCK__", HOST_LOCK)
+""".replace("__STATE__", STATE_DIR).replace("__LOCK__", HOST_LOCK)
 
 
 def _line(name: str, folder: Path) -> str:

@@ -26,6 +26,7 @@ from dsv4lab.hosts import Host, LocalHost
 from dsv4lab.resources import __version__
 from dsv4lab.rundir import RunLayout
 from dsv4lab.serving.handle import HANDLE_FILE, ServerHandle
+from dsv4lab.serving.ports import claim_port, pick_port, release_port, reserve_port
 from dsv4lab.serving.slurm import FIRST_NODE, Slurm, SlurmPlacement, node_dir, render_nodes_batch
 from dsv4lab.serving.slurm_handle import SlurmServerHandle
 
@@ -149,156 +150,6 @@ def find_listener(host: Host, port: int, *, timeout_s: float = 15.0) -> tuple[bo
 
 #: A run dir, private to the user whether it is new or was made before (by a notebook's session, say).
 _PRIVATE_DIR = 'mkdir -p -- "$1" && chmod 700 -- "$1"'
-
-#: Where a host keeps dsv4lab's per-user state (port reservations); private to the user.
-_STATE_DIR = '"${DSV4LAB_STATE_DIR:-$HOME/.cache/dsv4lab}"'
-
-# Every change to the reservations happens under one lock per user and host: taking over a stale
-# reservation is a read, a check and a remove, and two launches doing that at once each removed the other's
-# fresh reservation and both took the port (seen in CI; 50 of 100 tries with a stale file in place).
-# flock(1) is util-linux, on every Linux host; without it the steps run unlocked (noclobber still keeps
-# two launches off a free port).
-#: How long (s) a launch waits for another's hold on the reservations (each holds it for milliseconds);
-#: under the 15 s a reservation step may take in all.
-PORT_LOCK_WAIT_S = 10.0
-
-_PORTS_LOCKED = r"""
-dir=__STATE__/ports
-mkdir -p -m 700 -- "$dir" || exit 3
-if command -v flock >/dev/null 2>&1; then
-  exec 9>>"$dir/.lock" || exit 3
-  flock -w __LOCK_WAIT__ 9 || { echo LOCKED; exit 0; }
-fi
-""".replace("__STATE__", _STATE_DIR)
-
-# Reserve a port for one launch, atomically, so that two launches a second apart — before either server
-# binds — cannot both take it. A reservation names its run dir and, once started, the launcher PID; it is
-# stale when that PID is dead, or (no PID yet) when it is older than 5 minutes.
-_RESERVE_PORT = (
-    _PORTS_LOCKED
-    + r"""
-f="$dir/$1"
-for attempt in 1 2 3; do
-  if ( set -o noclobber; printf '%s\n' "$2" > "$f" ) 2>/dev/null; then echo RESERVED; exit 0; fi
-  owner=$(sed -n 1p "$f" 2>/dev/null); pid=$(sed -n 2p "$f" 2>/dev/null)
-  if [ "$owner" = "$2" ]; then rm -f -- "$f"; continue; fi
-  case "$pid" in
-    slurm:*)
-      conf=$(sed -n 3p "$f" 2>/dev/null)
-      # A cluster whose config is gone cannot hold it: no squeue (it would wait out its 3 s on no controller).
-      if { [ -z "$conf" ] || [ -e "$conf" ]; } \
-        && [ -n "$(timeout 3 env ${conf:+SLURM_CONF="$conf"} squeue -h -j "${pid#slurm:}" -o %T 2>/dev/null)" ]; then
-        echo "TAKEN - $owner"; exit 0
-      fi
-      rm -f -- "$f"; continue ;;
-  esac
-  if [ -n "$pid" ]; then
-    state=$(ps -o stat= -p "$pid" 2>/dev/null) && case "$state" in *Z*) ;; *) echo "TAKEN $pid $owner"; exit 0 ;; esac
-    rm -f -- "$f"; continue
-  fi
-  age=$(( $(date +%s) - $(stat -c %Y -- "$f" 2>/dev/null || echo 0) ))
-  if [ "$age" -lt 300 ]; then echo "TAKEN - $owner"; exit 0; fi
-  rm -f -- "$f"
-done
-echo "TAKEN - ?"
-"""
-)
-
-_CLAIM_PORT = (
-    _PORTS_LOCKED
-    + r"""
-f="$dir/$1"
-[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] || exit 0
-printf '%s\n%s\n%s\n' "$2" "$3" "${4:-}" > "$f.tmp" && mv -f -- "$f.tmp" "$f"
-exit 0
-"""
-)
-
-_RELEASE_PORT = (
-    _PORTS_LOCKED
-    + r"""
-f="$dir/$1"
-[ "$(sed -n 1p "$f" 2>/dev/null)" = "$2" ] && rm -f -- "$f"
-exit 0
-"""
-)
-
-
-# Ports that are listening or reserved by a live dsv4lab launch, one per line.
-_BUSY_PORTS = r"""
-if command -v ss >/dev/null 2>&1; then
-  ss -ltnH 2>/dev/null | awk '{ n = split($4, a, ":"); print a[n] }'
-else
-  for f in /proc/net/tcp /proc/net/tcp6; do
-    [ -r "$f" ] && awk 'NR > 1 && $4 == "0A" { split($2, a, ":"); print strtonum("0x" a[2]) }' "$f"
-  done
-fi
-# Reservations pile up (one per launch ever made, stale once its launcher is gone): read them with builtins
-# against one process listing, not a sed and a ps per file, or every launch gets slower with age.
-dir=__STATE__/ports
-live=" $(ps -e -o pid= 2>/dev/null | tr -s ' \n' '  ') "
-for f in "$dir"/*; do
-  [ -e "$f" ] || continue
-  pid=""; conf=""
-  { IFS= read -r _owner; IFS= read -r pid; IFS= read -r conf; } < "$f" 2>/dev/null
-  case "$pid" in
-    "") echo "${f##*/}" ;;
-    slurm:*)  # a Slurm job's: held while the job is queued or running (a controller silent for 3 s: not held)
-      [ -n "$conf" ] && [ ! -e "$conf" ] && continue  # its cluster's config is gone
-      st=$(timeout 3 env ${conf:+SLURM_CONF="$conf"} squeue -h -j "${pid#slurm:}" -o %T 2>/dev/null)
-      [ -n "$st" ] && echo "${f##*/}" ;;
-    *[!0-9]*) ;;
-    *) case "$live" in *" $pid "*) echo "${f##*/}" ;; esac ;;
-  esac
-done
-""".replace("__STATE__", _STATE_DIR)
-
-
-def pick_port(host: Host, start: int, *, avoid: Sequence[int] = (), timeout_s: float = 15.0) -> int:
-    """The first port from ``start`` that nothing listens on and no live launch has reserved (one call).
-
-    Only a hint: :func:`launch` reserves the port atomically and refuses it if another launch got there
-    first, so a caller retries with the next port.
-    """
-    out = host.run(["bash", "-c", _BUSY_PORTS], timeout_s=timeout_s).stdout.split()
-    busy = {int(x) for x in out if x.isdigit()} | set(avoid)
-    port = start
-    while port in busy:
-        port += 1
-    if port > 65535:
-        raise LaunchError(f"no free port on {host.name} from {start} up")
-    return port
-
-
-def _ports_script(script: str, lock_wait_s: float = PORT_LOCK_WAIT_S) -> str:
-    return script.replace("__LOCK_WAIT__", f"{lock_wait_s:g}")
-
-
-def reserve_port(
-    host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0, lock_wait_s: float = PORT_LOCK_WAIT_S
-) -> None:
-    """Reserve ``port`` on ``host`` for the launch into ``run_dir``, or raise :class:`StaleServerError`."""
-    script = _ports_script(_RESERVE_PORT, lock_wait_s)
-    out = host.run(["bash", "-c", script, "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s).check()
-    words = out.stdout.split(maxsplit=2)
-    if words[:1] == ["RESERVED"]:
-        return
-    if words[:1] == ["LOCKED"]:
-        raise LaunchError(
-            f"could not reserve port {port} on {host.name}: another process has held dsv4lab's port "
-            f"reservations lock for over {lock_wait_s:g} s (ports/.lock in $DSV4LAB_STATE_DIR, by default "
-            "~/.cache/dsv4lab); find it with `fuser -v` on that file, end it, and launch again"
-        )
-    pid = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
-    owner = words[2] if len(words) > 2 else "?"
-    holder = f"the dsv4lab launch into {owner}" + (f" (launcher PID {pid})" if pid else " (starting now)")
-    raise StaleServerError(host.name, port, [pid] if pid else [], holder=holder)
-
-
-def release_port(host: Host, port: int, run_dir: str, *, timeout_s: float = 15.0) -> None:
-    """Drop ``run_dir``'s reservation of ``port`` (a reservation by another run is left alone)."""
-    host.run(["bash", "-c", _ports_script(_RELEASE_PORT), "dsv4lab-port", str(port), run_dir], timeout_s=timeout_s)
-
 
 # One remote call that checks what a launch needs before anything starts: the interpreter (after the
 # user's env files, which often activate a venv), its module, and the tuned kernel-config folder.
@@ -449,8 +300,7 @@ def launch(
             release_port(host, config.port, run_dir)
         raise
     try:
-        claim = ["bash", "-c", _ports_script(_CLAIM_PORT), "dsv4lab-port", str(config.port), run_dir, str(pid)]
-        _retry(lambda: host.run(claim, timeout_s=timeout_s))
+        _retry(lambda: claim_port(host, config.port, run_dir, str(pid), timeout_s=timeout_s))
         extra: dict[str, Any] = {"twin_env": dict(twin_env or {}), "python": python}
         if prediction is not None:
             extra["preflight"] = prediction.to_dict()
@@ -518,17 +368,8 @@ def submit_job(
             release_port(host, config.port, run_dir)
         raise
     try:
-        claim = [
-            "bash",
-            "-c",
-            _ports_script(_CLAIM_PORT),
-            "dsv4lab-port",
-            str(config.port),
-            run_dir,
-            f"slurm:{job_id}",
-            placement.slurm_conf or "",
-        ]
-        _retry(lambda: host.run(claim, timeout_s=timeout_s))
+        conf = placement.slurm_conf or ""
+        _retry(lambda: claim_port(host, config.port, run_dir, f"slurm:{job_id}", conf, timeout_s=timeout_s))
         extra: dict[str, Any] = {
             "twin_env": dict(twin_env or {}),
             "python": python,

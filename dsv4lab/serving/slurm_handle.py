@@ -17,6 +17,7 @@ from dsv4lab.errors import DSV4LabError, SchedulerError
 from dsv4lab.hosts import KillReport, PortForward
 from dsv4lab.rundir import RunLayout
 from dsv4lab.serving.handle import ServerHandle
+from dsv4lab.serving.ports import release_port
 from dsv4lab.serving.slurm import ACTIVE_STATES, Slurm, SlurmJob, SlurmPlacement, node_dir
 
 __all__ = ["JobStopReport", "SlurmServerHandle"]
@@ -125,6 +126,7 @@ class SlurmServerHandle(ServerHandle):
         before = self.job(fresh=True)
         started = time.monotonic()
         if not before.active:
+            self._release_port()
             return JobStopReport(0, job_id=self.job_id, before=before.state, after=before.state)
         marker = {"stopped_at": time.time(), "job_id": self.job_id}
         with contextlib.suppress(DSV4LabError):  # the cancel matters more than the marker
@@ -137,6 +139,7 @@ class SlurmServerHandle(ServerHandle):
                 f"Slurm job {self.job_id} is still {after.state} {grace_s + _CANCEL_WAIT_S:g} s after scancel; "
                 f"ask the cluster's admins (scontrol show job {self.job_id})"
             )
+        self._release_port()
         return JobStopReport(
             0, job_id=self.job_id, before=before.state, after=after.state, waited_s=time.monotonic() - started
         )
@@ -150,9 +153,17 @@ class SlurmServerHandle(ServerHandle):
             if time.monotonic() >= deadline:
                 self.slurm.cancel(self.job_id)
                 after = self.slurm.wait_gone(self.job_id, timeout_s=grace_s + _CANCEL_WAIT_S)
+                if not after.active:
+                    self._release_port()
                 return JobStopReport(0, job_id=self.job_id, before="RUNNING", after=after.state)
             time.sleep(0.2)
+        self._release_port()
         return None
+
+    def _release_port(self) -> None:
+        """The job has ended: its port reservation goes now, not when someone next asks Slurm about it."""
+        with contextlib.suppress(DSV4LabError):  # a reservation left behind only costs a later pick one squeue
+            release_port(self.host, self.config.port, self.run_dir)
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv
