@@ -345,7 +345,7 @@ def test_a_port_is_held_while_its_job_is_queued_or_running_and_a_stopped_cluster
         assert int(out.stdout) == base + 2  # the running and the queued job's ports are held; the ended one's is not
         asked = [set(line.split()[2].split(",")) for line in calls.read_text().splitlines()]
         for cluster_jobs in ({running, queued, ended}, {str(90 + i) for i in range(5)}):  # one squeue per cluster
-            assert [ids for ids in asked if ids & cluster_jobs] == [cluster_jobs], asked
+            assert [ids >= cluster_jobs for ids in asked if ids & cluster_jobs] == [True], asked
     finally:
         for offset in range(len(jobs)):
             (state / str(base + offset)).unlink()
