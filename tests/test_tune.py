@@ -119,11 +119,14 @@ def test_stop_in_a_kernel_keeps_the_finished_trials_and_stops_the_running_one(tm
             "concurrency=16, input_len=1000, output_len=400, budget=4)"
         )
         cell = k.submit(code)
-        benching = tmp_path / "runs" / "trial-02" / "bench"
+        # The Stop lands in the second trial's benchmark: its server is READY, and its bench (16 requests of 400
+        # tokens, about 4 s) has begun. (Its bench folder appears only once the run is saved.)
+        ready = tmp_path / "runs" / "trial-02" / "readiness.json"
         deadline = time.monotonic() + 120
-        while not benching.is_dir():  # the second trial's server is up and being benchmarked
-            assert time.monotonic() < deadline, "the second trial never reached its benchmark"
-            time.sleep(0.1)
+        while '"READY"' not in (ready.read_text() if ready.is_file() else ""):
+            assert time.monotonic() < deadline, "the second trial never came up"
+            time.sleep(0.05)
+        time.sleep(0.5)
         pressed = k.interrupt()
         result = k.collect(cell, timeout_s=60)
         assert result.status == "error" and result.ename == "Interrupted", (result.ename, result.evalue)

@@ -160,6 +160,10 @@ def test_the_frontier_chart_says_its_axes_clock_cut_and_choice() -> None:
         assert text in svg, text
     with pytest.raises(Exception, match="columns"):
         frontier_chart(frame.drop(columns=["meets_slo"]))
+    # A trial cut short by a Stop is a row without figures: its NaN makes the flags objects.
+    cut = pd.concat([frame, pd.DataFrame([{"config": "mem=0.8", "concurrency": None}])], ignore_index=True)
+    assert cut["meets_slo"].dtype == object
+    assert "hollow triangles miss an SLO" in to_svg(frontier_chart(cut, chosen="mem=0.7"))
 
 
 def test_any_campaigns_or_sweeps_measurements_give_frontier_rows() -> None:
