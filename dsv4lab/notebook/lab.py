@@ -45,7 +45,7 @@ from dsv4lab.logs import Diagnosis
 from dsv4lab.model.memory import Preflight, Suggestion, suggest
 from dsv4lab.model.vllm_memory import VllmPreflight
 from dsv4lab.notebook.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server, stop_soon
-from dsv4lab.notebook.tune import TuneResult
+from dsv4lab.notebook.tune import run_tune
 from dsv4lab.serving.hostmem import HostProbe
 from dsv4lab.serving.launch import ServerHandle, attach, launch, pick_port
 from dsv4lab.serving.slurm import SlurmPlacement
@@ -629,52 +629,9 @@ class Lab:
                     with contextlib.suppress(Exception):
                         server.stop(grace_s=10.0)
 
-    def tune(
-        self,
-        base: AnyConfig | str,
-        space: Mapping[str, Any] | Sequence[str],
-        *,
-        objective: str = "throughput",
-        concurrency: Sequence[int] | int = (16,),
-        slo: Mapping[str, Any] | Sequence[str] | str | None = None,
-        floor: float | None = None,
-        budget: int = 8,
-        seed: int = 0,
-        input_len: int = DEFAULT_INPUT_LEN,
-        output_len: int = DEFAULT_OUTPUT_LEN,
-        prompts: int | None = None,
-        max_parallel: int = 1,
-        timeout_s: float = 900.0,
-        folder: str | Path | None = None,
-        name: str | None = None,
-    ) -> TuneResult:
-        """Search ``space`` around ``base`` for the best config in at most ``budget`` launches: the memory model
-        rules out what cannot start and orders the rest, Optuna's sampler picks the launches
-        (:mod:`dsv4lab.notebook.tune`). ``space``: ``{"mem_fraction_static": "0.50:0.75", "cuda_graph_max_bs":
-        [8, 16, 32]}``; ``objective``: ``throughput``, ``goodput`` or ``interactivity``; ``slo``:
-        ``{"tpot_p99_ms": 400}``. ``tune.json`` and ``index.html`` go into ``folder`` (default:
-        ``<run_root>/tune-<session>``); ``name`` is the base's in the pages (default: the preset's). Stop
-        keeps every finished trial (in the Interrupted's ``partial``)."""
-        from dsv4lab.notebook.tune import run_tune
-
-        return run_tune(
-            self,
-            base,
-            space,
-            objective=objective,
-            concurrency=concurrency,
-            slo=slo,
-            floor=floor,
-            budget=budget,
-            seed=seed,
-            input_len=input_len,
-            output_len=output_len,
-            prompts=prompts,
-            max_parallel=max_parallel,
-            timeout_s=timeout_s,
-            folder=folder if folder is not None else self.run_root / f"tune-{self.session}",
-            name=name,
-        )
+    #: ``lab.tune(base, space, objective=, concurrency=, slo=, floor=, budget=, ...)``: the search of
+    #: :func:`dsv4lab.notebook.tune.run_tune` with this lab as its first argument (one signature for both).
+    tune = run_tune
 
     def ps(self) -> Table:
         """The servers of this session and whether each is alive now (a table that shows itself; the

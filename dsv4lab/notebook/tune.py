@@ -39,9 +39,10 @@ from dsv4lab import htmlview as hv
 from dsv4lab.atomicfile import write_json_atomic, write_text_atomic
 from dsv4lab.bench.slo import LatencyLimit, parse_slo, slo_figures
 from dsv4lab.bench.workload import check_load, parse_levels
+from dsv4lab.config import AnyConfig
 from dsv4lab.counts import plural
 from dsv4lab.errors import ConfigError, Interrupted, UnknownNameError
-from dsv4lab.notebook.server import Server, stop_soon
+from dsv4lab.notebook.server import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Server, stop_soon
 
 __all__ = [
     "OBJECTIVES",
@@ -509,7 +510,7 @@ def _level_figures(run: Any, gpus: int, limits: Sequence[LatencyLimit]) -> dict[
 
 def run_tune(
     lab: Any,
-    base: Any,
+    base: AnyConfig | str,
     space: Mapping[str, Any] | Sequence[str],
     *,
     objective: str = "throughput",
@@ -518,20 +519,23 @@ def run_tune(
     floor: float | None = None,
     budget: int = 8,
     seed: int = 0,
-    input_len: int = 8000,
-    output_len: int = 256,
+    input_len: int = DEFAULT_INPUT_LEN,
+    output_len: int = DEFAULT_OUTPUT_LEN,
     prompts: int | None = None,
     max_parallel: int = 1,
     timeout_s: float = 900.0,
     folder: str | Path | None = None,
     name: str | None = None,
 ) -> TuneResult:
-    """Tune ``base`` over ``space`` with at most ``budget`` launches (see module doc); the result has every trial
-    and ruled-out point, and ``tune.json`` and ``index.html`` are written into ``folder`` (default: the
-    session's run root) after each trial. Everything is checked before the first launch.
+    """Search ``space`` around ``base`` for the best config in at most ``budget`` launches: the memory model
+    rules out what cannot start and orders the rest, Optuna's sampler picks the launches (see the module doc).
 
-    ``lab`` is the :class:`~dsv4lab.notebook.lab.Lab` whose ``tune`` calls this (typed ``Any``: the Lab
-    imports this module)."""
+    ``lab.tune(...)`` is this function with the :class:`~dsv4lab.notebook.lab.Lab` as ``lab`` (typed ``Any``:
+    the Lab imports this module). ``space``: ``{"mem_fraction_static": "0.50:0.75", "cuda_graph_max_bs": [8,
+    16, 32]}``; ``objective``: ``throughput``, ``goodput`` or ``interactivity``; ``slo``: ``{"tpot_p99_ms":
+    400}``. ``tune.json`` and ``index.html`` go into ``folder`` (default: ``<run_root>/tune-<session>``) after
+    each trial; ``name`` is the base's in the pages (default: the preset's). Everything is checked before the
+    first launch; Stop keeps every finished trial (in the Interrupted's ``partial``)."""
     import optuna
 
     check_load(concurrency, 1, prompts, input_len, output_len, seed)
@@ -555,7 +559,7 @@ def run_tune(
     order = model_order(predictions, load_tokens, max(levels))
     keys = {i: model_key(predictions[i], load_tokens, max(levels)) for i in order}
     rank = {i: r + 1 for r, i in enumerate(order)}
-    out = Path(folder) if folder is not None else lab.run_root
+    out = Path(folder) if folder is not None else Path(lab.run_root) / f"tune-{lab.session}"
     out.mkdir(parents=True, exist_ok=True)
     ruled_out = []
     for i, p in enumerate(predictions.values()):
