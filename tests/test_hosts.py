@@ -4,6 +4,7 @@ import base64
 import contextlib
 import http.server
 import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -107,6 +108,27 @@ def test_kill_tree_escalates_to_sigkill(any_host: Host, tmp_path: Path) -> None:
     report = any_host.kill_tree(pid, grace_s=0.5)
     assert pid in report.killed
     assert not _wait_gone([pid])
+
+
+def test_this_machine_reads_liveness_from_proc_as_ps_would_say_it() -> None:
+    """``LocalHost.is_alive`` reads ``/proc`` (no shell per look); it says what every other host's ``ps`` says:
+    a running process lives, a zombie (ended, not yet reaped) and a PID that is gone do not."""
+    host = LocalHost()
+    running = subprocess.Popen(["sleep", "30"])
+    ended = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while psutil.Process(ended.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.02)
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        for pid, alive in ((running.pid, True), (ended.pid, False), (gone.pid, False)):
+            assert host.is_alive(pid) is alive and Host.is_alive(host, pid) is alive, pid
+    finally:
+        running.kill()
+        running.wait()
+        ended.wait()
 
 
 def test_reparented_children_are_found_by_process_group(tmp_path: Path) -> None:
