@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import shlex
@@ -22,8 +23,11 @@ __all__ = ["LocalHost"]
 #: How often a local follower looks for new bytes.
 _POLL_S = 0.02
 
-#: This process's own entry: where it is a file, ``/proc`` answers whether a PID runs.
-_PROC_STAT = Path("/proc/self/stat")
+
+@functools.cache
+def _has_proc() -> bool:
+    """Whether ``/proc`` answers for PIDs here (Linux); asked once, not at every look."""
+    return Path("/proc/self/stat").is_file()
 
 
 class LocalHost(Host):
@@ -58,7 +62,7 @@ class LocalHost(Host):
         A watcher asks this every half second, and at every look once a fatal line came (twice: the launcher
         and the server): the shell and ``ps`` the other hosts run cost 5 ms each on a quiet machine and
         hundreds under a loaded one, which went straight into the crash's reported detection time."""
-        if not _PROC_STAT.is_file():
+        if not _has_proc():
             return super().is_alive(pid, timeout_s=timeout_s)
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()

@@ -54,7 +54,7 @@ def frontier_chart(
     data = frame.dropna(subset=["tok_s_per_user", "tok_s_per_gpu"]).copy()
     # A frame that also had a row without figures (a trial cut short) carries the flags as objects, where
     # ``~True`` is -2: booleans again, an unknown one a miss.
-    data["meets_slo"] = data["meets_slo"].eq(True).astype(bool)
+    data["meets_slo"] = data["meets_slo"].eq(True)
     if data.empty:
         raise PlotError("no config has a throughput and a TPOT to draw: every trial failed or was ruled out")
     reading = f", {clock.reading}" if clock is not None and clock.is_twin else ""
