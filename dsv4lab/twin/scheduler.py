@@ -204,11 +204,13 @@ class Scheduler:
                 continue
             now = loop.time()
             start = now
-            if self._last_end is not None and now - self._last_end < MAX_CATCH_UP_S:
-                # Busy back to back: the next step starts when the last one was due to end, so neither the
-                # event loop's wake-up lateness nor a stall of the whole process accumulates.
-                start = self._last_end
-            self.stats.behind_s_max = max(self.stats.behind_s_max, now - start)
+            if self._last_end is not None:
+                behind = now - self._last_end
+                self.stats.behind_s_max = max(self.stats.behind_s_max, behind)
+                if behind < MAX_CATCH_UP_S:
+                    # Busy back to back: the next step starts when the last one was due to end, so neither the
+                    # event loop's wake-up lateness nor a stall of the whole process accumulates.
+                    start = self._last_end
             batch = self._admit()
             if batch:
                 # A GPU cannot begin a prefill before its request arrived: catching up stops at the newest.
