@@ -24,12 +24,14 @@ from dsv4lab.serving.launch import (
     ServerHandle,
     StaleServerError,
     attach,
+    find_listener,
     launch,
     launch_nodes,
     reserve_port,
 )
 from dsv4lab.serving.watch import Verdict, wait_ready, wait_ready_all
 from tests.sshd import SSHD, free_port
+from tests.test_faults_support import wait_for
 
 #: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
 pytestmark = pytest.mark.slow
@@ -524,6 +526,9 @@ def test_health_answered_by_another_process_is_not_ready(tmp_path: Path, handles
     port = free_port()
     h = launch(LocalHost(), tiny(port), str(tmp_path / "x"), target="sglang", python=str(fake), check=False)
     handles.append(h)
+    # Nothing listens yet: whatever answered a /health now would not be this server (in CI a stranger that
+    # answered and quit before the listener check was taken for the server when "nothing" meant "can't tell").
+    assert h.owns_port() is False
     # Someone else takes the port while the server has not bound it yet, and answers /health 200.
     other = tmp_path / "other"
     other.mkdir()
@@ -534,6 +539,8 @@ def test_health_answered_by_another_process_is_not_ready(tmp_path: Path, handles
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    wait_for(lambda: find_listener(LocalHost(), port)[0], "the stranger's listener", timeout_s=10)
+    assert h.owns_port() is False
     threading.Timer(3.0, stranger.terminate).start()
     try:
         r = wait_ready(h, 60, progress=False, health_every_s=0.5)

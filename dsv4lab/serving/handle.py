@@ -153,10 +153,12 @@ class ServerHandle:
     def owns_port(self, *, timeout_s: float = 15.0) -> bool | None:
         """Whether what listens on the server's port is this launch's (its process group): False when it is
         another process's — a server that binds its port late (vLLM after half a minute, SGLang after
-        loading) leaves it free until then, and a ``/health`` answered by someone else is no READY; None
-        when the host cannot tell (no ``ss``, or nothing listens)."""
+        loading) leaves it free until then, and a ``/health`` answered by someone else is no READY — or when
+        nothing listens any more (whoever answered has gone: a stranger that answered and quit was taken for
+        the server in CI); None when the host cannot tell (no ``ss``, or listeners whose PIDs it hides, such
+        as another user's or a container proxy's)."""
         groups = listener_groups(self.host, self.port, timeout_s=timeout_s)
-        if not groups:
+        if groups is None:
             return None
         return self.launcher_pid in groups
 
@@ -204,12 +206,19 @@ class ServerHandle:
         return hv.card("launched server", hv.kv_table(facts))
 
 
-def listener_groups(host: Host, port: int, *, timeout_s: float = 15.0) -> list[int]:
-    """Process-group ids of the processes listening on ``port`` on the host ([] when ``ss`` cannot tell)."""
+def listener_groups(host: Host, port: int, *, timeout_s: float = 15.0) -> list[int] | None:
+    """Process-group ids of the processes listening on ``port`` on the host: [] when nothing listens, None
+    when the host cannot tell (no ``ss``, or something listens whose PID ``ss`` does not show)."""
     script = (
-        'for pid in $(ss -ltnpH "sport = :$1" 2>/dev/null | grep -o "pid=[0-9]*" | cut -d= -f2 | sort -un); do\n'
+        'lines=$(ss -ltnpH "sport = :$1" 2>/dev/null) || { echo UNKNOWN; exit 0; }\n'
+        'pids=$(printf "%s\\n" "$lines" | grep -o "pid=[0-9]*" | cut -d= -f2 | sort -un)\n'
+        '[ -n "$lines" ] && [ -z "$pids" ] && { echo UNKNOWN; exit 0; }\n'
+        "for pid in $pids; do\n"
         '  ps -o pgid= -p "$pid" 2>/dev/null || true\n'
         "done\n"
     )
     result = host.run(["bash", "-c", script, "dsv4lab-port", str(port)], timeout_s=timeout_s)
-    return sorted({int(x) for x in result.stdout.split() if x.isdigit()})
+    words = result.stdout.split()
+    if "UNKNOWN" in words:
+        return None
+    return sorted({int(x) for x in words if x.isdigit()})

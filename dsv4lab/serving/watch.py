@@ -707,8 +707,9 @@ class _Watch:
         if owned is False and not seen.stranger_noted:
             seen.stranger_noted = True
             self.add(
-                f"[dsv4lab: GET /health on port {self.handle.port} was answered by another process, not this "
-                "server (it has not bound its port yet): not READY]"
+                f"[dsv4lab: GET /health on port {self.handle.port} was answered, but not by this server's "
+                "listener (another process's, or none by the time it was asked; the server has not bound its "
+                "port yet): not READY]"
             )
         return owned is not False
 
