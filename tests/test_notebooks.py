@@ -235,9 +235,9 @@ def test_the_story_emerges(campaign: Campaign) -> None:
     assert 0.55 < f["kernels"]["attention_share"] < 0.72 and "sparse_mla" in f["kernels"]["top_kernel"]
     assert f["kernels"]["gap_to_goal"] > 20
     # Each lever's throughputs come with the workload they were measured on (they differ between levers).
-    assert f["a"]["fp8_gain"]["workload"] == "8,000 in / 64 out tokens per request"
+    assert f["a"]["fp8_gain"]["workload"] == "8,000 in / 128 out tokens per request"
     assert "in / " in f["ab"]["mtp_gain_c1"]["workload"]
-    assert "8,000 in / 64 out tokens per request" in campaign.index.read_text()
+    assert "8,000 in / 128 out tokens per request" in campaign.index.read_text()
 
 
 @pytest.mark.timeout(CAMPAIGN_SETUP_TIMEOUT_S)  # the module fixture runs the campaign first

@@ -438,7 +438,10 @@ class Twin:
             now = time.monotonic()
             util = min(100.0, 100.0 * (scheduler.stats.busy_s - last_busy) / max(now - last_t, 1e-6))
             last_busy, last_t = scheduler.stats.busy_s, now
-            write_main_state(
+            # Off the event loop: a rename-over on a busy disk can block for a good part of a second, and
+            # the loop it blocks is the one that paces the modelled GPU.
+            await asyncio.to_thread(
+                write_main_state,
                 self.settings.state_dir,
                 self.pid,
                 self.settings.hardware.name,
