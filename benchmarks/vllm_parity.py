@@ -11,7 +11,12 @@ the per-pair ratios — and the prompt tokens per request each client sent, twic
 result (both take ``usage.prompt_tokens``) and from the server's ``vllm:prompt_tokens_total`` counter.
 ``--before`` adds one dsv4lab run with ``--no-server-tokenizer``: the word prompts every run sent before
 the prompts were fitted with the server's tokenizer. ``--compatible`` runs dsv4lab with ``--ttft-clock connect``
-(its clock started where vLLM's is).
+(its clock started where vLLM's is) and ``--stamp-chunks choice`` (every chunk timed, text or not, as vLLM's).
+
+The server's drift between runs (tens of percent on a CPU server) swamps a 2% difference between clients, so
+each run also reads the server's own latency histograms (``vllm:time_to_first_token_seconds`` and its
+siblings on ``/metrics``) before and after: a client's figure over the server's figure for the same requests
+is what the client adds, and those ratios are compared too.
 
 Both clients run on this machine's shared CPUs beside the server, one at a time; on a busy machine the
 ratios of the latencies move by tens of percent between pairs (the range column says how much), and a
@@ -39,7 +44,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.vllmserver import SERVED_NAME, VENV, VLLM, VLLMServer, start_vllm, vllm_available  # noqa: E402
+from tests.vllmserver import (  # noqa: E402
+    SERVED_NAME,
+    VENV,
+    VLLM,
+    VLLMServer,
+    counter_total,
+    start_vllm,
+    vllm_available,
+)
 
 #: (label, key in the common record) of the compared figures.
 METRICS = (
@@ -64,8 +77,24 @@ def _pin(args: argparse.Namespace) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, cpus)
 
 
-def _server_counts(server: VLLMServer) -> tuple[float, float]:
-    return server.counter("vllm:prompt_tokens_total"), server.counter("vllm:request_success_total")
+#: (label, key in the common record, the server's histogram of the same quantity) of the figures the server
+#: also measures, for every request it served, from its own clock.
+SERVER_SIDE = (
+    ("TTFT mean", "mean_ttft_ms", "vllm:time_to_first_token_seconds"),
+    ("TPOT mean", "mean_tpot_ms", "vllm:request_time_per_output_token_seconds"),
+    ("ITL mean", "mean_itl_ms", "vllm:inter_token_latency_seconds"),
+    ("E2E mean", "mean_e2el_ms", "vllm:e2e_request_latency_seconds"),
+)
+
+
+def _server_counts(server: VLLMServer) -> dict[str, float]:
+    """The server's counters and the sums and counts of its latency histograms, read before and after a run."""
+    text = server.get("/metrics").decode()
+    counts = {name: counter_total(text, name) for name in ("vllm:prompt_tokens_total", "vllm:request_success_total")}
+    for _label, _key, histogram in SERVER_SIDE:
+        counts[histogram + "_sum"] = counter_total(text, histogram + "_sum")
+        counts[histogram + "_count"] = counter_total(text, histogram + "_count")
+    return counts
 
 
 def _vllm_bench(server: VLLMServer, args: argparse.Namespace, seed: int, out: Path) -> dict[str, Any]:
@@ -96,7 +125,7 @@ def _dsv4lab(server: VLLMServer, args: argparse.Namespace, seed: int, *, fitted:
     if not fitted:
         argv.append("--no-server-tokenizer")
     if args.compatible:
-        argv += ["--ttft-clock", "connect"]
+        argv += ["--ttft-clock", "connect", "--stamp-chunks", "choice"]
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=1800, cwd=ROOT, check=False, preexec_fn=_pin(args)
     )
@@ -115,25 +144,35 @@ def _dsv4lab(server: VLLMServer, args: argparse.Namespace, seed: int, *, fitted:
 
 
 def _run(who: str, server: VLLMServer, args: argparse.Namespace, seed: int, work: Path, i: int) -> dict[str, Any]:
-    tokens0, requests0 = _server_counts(server)
+    before = _server_counts(server)
     if who == "vllm":
         record = _vllm_bench(server, args, seed, work / f"vllm-{i}.json")
     else:
         record = _dsv4lab(server, args, seed, fitted=who == "dsv4lab")
-    tokens1, requests1 = _server_counts(server)
+    after = _server_counts(server)
+    delta = {name: after[name] - before[name] for name in after}
     record["prompt_tokens_client"] = record["total_input_tokens"] / max(1, record["completed"])
-    # The warmup request is a prompt of the same workload: it belongs in the server's per-request mean.
-    record["prompt_tokens_server"] = (tokens1 - tokens0) / max(1.0, requests1 - requests0)
+    # The warmup request is a prompt of the same workload: it belongs in the server's per-request mean (and in
+    # its latency histograms: one request in num_prompts + 1, for both clients alike).
+    record["prompt_tokens_server"] = delta["vllm:prompt_tokens_total"] / max(1.0, delta["vllm:request_success_total"])
+    for _label, key, histogram in SERVER_SIDE:
+        n = delta[histogram + "_count"]
+        record["server_" + key] = 1000.0 * delta[histogram + "_sum"] / n if n else float("nan")
+    # Output tok/s times the server's mean E2E over (concurrency x output length): the share of the time the
+    # client kept its slots filled, which the server's speed of the moment cancels out of.
+    record["slot_occupancy"] = (
+        record["output_throughput"] * record["server_mean_e2el_ms"] / 1000.0 / (args.concurrency * args.output_len)
+    )
     return record
 
 
-def _ratio_line(label: str, ours: list[float], theirs: list[float]) -> str:
+def _ratio_line(label: str, ours: list[float], theirs: list[float], digits: int = 2) -> str:
     if not ours or not theirs or statistics.mean(theirs) == 0:
         return f"  {label:<26} (no data)"
     ratio = statistics.mean(ours) / statistics.mean(theirs)
     per = [a / b for a, b in zip(ours, theirs, strict=True) if b]
     return (
-        f"  {label:<26} {statistics.mean(theirs):>10.2f} {statistics.mean(ours):>10.2f} {ratio:>8.3f}"
+        f"  {label:<26} {statistics.mean(theirs):>10.{digits}f} {statistics.mean(ours):>10.{digits}f} {ratio:>8.3f}"
         f"   {min(per):.3f}-{max(per):.3f}"
     )
 
@@ -150,7 +189,7 @@ def main() -> int:
         "--compatible",
         action="store_true",
         help="dsv4lab in its compatible mode (--ttft-clock connect: each request's clock starts before encoding "
-        "and connecting, as vLLM's client does)",
+        "and connecting, as vLLM's client does; --stamp-chunks choice: every chunk timed, text or not)",
     )
     parser.add_argument(
         "--pin",
@@ -180,7 +219,8 @@ def main() -> int:
                 runs[who].append(record)
                 print(
                     f"pair {p + 1} {who:<8} out tok/s {record['output_throughput']:8.2f}  TTFT mean "
-                    f"{record['mean_ttft_ms']:7.2f} ms  TPOT mean {record['mean_tpot_ms']:6.2f} ms  prompt tokens "
+                    f"{record['mean_ttft_ms']:7.2f} ms (server {record['server_mean_ttft_ms']:7.2f})  TPOT mean "
+                    f"{record['mean_tpot_ms']:6.2f} ms (server {record['server_mean_tpot_ms']:6.2f})  prompt tokens "
                     f"{record['prompt_tokens_client']:.1f} (server: {record['prompt_tokens_server']:.1f})",
                     flush=True,
                 )
@@ -195,11 +235,27 @@ def main() -> int:
         f"{args.pairs} interleaved pairs"
         + (f"; clients on CPUs {args.pin.replace(':', ', the server on ')}" if args.pin else "")
     )
-    mode = "--ttft-clock connect" if args.compatible else "defaults"
+    mode = "--ttft-clock connect --stamp-chunks choice" if args.compatible else "defaults"
     print(f"dsv4lab bench ({mode}) / vllm bench serve --backend vllm --dataset-name random --num-warmups 1")
     print(f"  {'metric':<26} {'vllm bench':>10} {'dsv4lab':>10} {'ratio':>8}   per pair")
     for label, key in METRICS:
         print(_ratio_line(label, [float(r[key]) for r in runs["dsv4lab"]], [float(r[key]) for r in runs["vllm"]]))
+    print()
+    print("Each client's figure over the server's own (vLLM's histograms of the same requests, read from /metrics")
+    print("before and after each run): the server's drift between runs cancels out of these.")
+    print(f"  {'client / server':<26} {'vllm bench':>10} {'dsv4lab':>10} {'ratio':>8}   per pair")
+    for label, key, _histogram in SERVER_SIDE:
+        ours = [float(r[key]) / float(r["server_" + key]) for r in runs["dsv4lab"]]
+        theirs = [float(r[key]) / float(r["server_" + key]) for r in runs["vllm"]]
+        print(_ratio_line(label, ours, theirs, digits=3))
+    print(
+        _ratio_line(
+            "slot occupancy",
+            [float(r["slot_occupancy"]) for r in runs["dsv4lab"]],
+            [float(r["slot_occupancy"]) for r in runs["vllm"]],
+            digits=3,
+        )
+    )
     for who in ("vllm", "dsv4lab", "before"):
         if not runs[who]:
             continue

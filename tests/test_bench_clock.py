@@ -200,10 +200,34 @@ def test_itl_unit_token_on_generate_gives_one_itl_per_token() -> None:
     assert token.itl_unit == "token" and token.flat()["itl_unit"] == "token"
 
 
+def test_stamp_chunks_choice_times_the_chunks_without_text() -> None:
+    """vLLM streams a chunk per token even when the token decodes to nothing yet; ``vllm bench serve`` times
+    it, bench_serving (and dsv4lab's default) does not: the same stream, two definitions, both recorded."""
+
+    async def go(stamp: str) -> BenchResult:
+        server = await fake_server(ServerBehaviour(ttft_s=0.0, itl_s=0.003, empty_text_every=2))
+        try:
+            opts = ClientOptions(stamp_chunks=stamp)  # type: ignore[arg-type]
+            return await run_async(server.url, random_workload(2, 8, 8, seed=1), LoadSpec(), opts, progress=False)
+        finally:
+            await server.stop()
+
+    text, choice = asyncio.run(go("text")), asyncio.run(go("choice"))
+    assert text.summary.completed == choice.summary.completed == 2
+    # Eight chunks per request, the 1st, 3rd, 5th and 7th without text.
+    assert [len(x) for x in text.requests["itl_ms"]] == [3, 3]
+    assert [len(x) for x in choice.requests["itl_ms"]] == [7, 7]
+    assert text.summary.output_tokens_from_server and choice.summary.output_tokens_from_server
+    assert text.stamp_chunks == "text" and choice.flat()["stamp_chunks"] == "choice"
+    assert "choice-bearing (text or not)" in choice.definitions["itl"]
+    assert "token-bearing" in text.definitions["ttft"]
+
+
 def test_options_are_checked() -> None:
     from dsv4lab.errors import BenchError
 
-    bad: list[dict[str, Any]] = [{"ttft_clock": "request"}, {"itl_unit": "byte"}, {"top_p": 0.0}, {"temperature": -1.0}]
+    bad: list[dict[str, Any]] = [{"ttft_clock": "request"}, {"itl_unit": "byte"}, {"stamp_chunks": "all"}]
+    bad += [{"top_p": 0.0}, {"temperature": -1.0}]
     for kwargs in bad:
         with pytest.raises(BenchError):
             ClientOptions(**kwargs)

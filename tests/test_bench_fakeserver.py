@@ -65,6 +65,8 @@ class ServerBehaviour:
     cut_after_chunks: int | None = None  # close the connection without [DONE] after this many chunks
     server_info: dict[str, Any] = field(default_factory=lambda: {"version": "0.5.23", "engine": "fake"})
     vllm: bool = False  # answer as vLLM (see the module docstring)
+    # OpenAI APIs: every k-th chunk, the first included, has the text "" (a token that decodes to nothing yet)
+    empty_text_every: int | None = None
 
 
 class FakeServer:
@@ -194,6 +196,8 @@ class FakeServer:
                 k = min(b.tokens_per_chunk, n - sent)
                 sent += k
                 text = " ".join(f"t{sent - k + j}" for j in range(k)) + " "
+                if b.empty_text_every and chunk_no % b.empty_text_every == 0:
+                    text = ""
                 if api == "/generate":
                     obj: dict[str, Any] = {
                         "text": " ".join(f"t{j}" for j in range(sent)) + " ",

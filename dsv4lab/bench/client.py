@@ -47,6 +47,7 @@ __all__ = [
     "ClientOptions",
     "ITLUnit",
     "SessionRequest",
+    "StampedChunks",
     "TTFTClock",
     "prepare",
     "prepare_session",
@@ -61,6 +62,9 @@ API = Literal["completions", "chat", "generate"]
 TTFTClock = Literal["send", "connect"]
 #: One inter-token latency per chunk gap (``chunk``), or each gap split over the chunk's tokens (``token``).
 ITLUnit = Literal["chunk", "token"]
+#: Which streamed chunks get a timestamp (TTFT's first, ITL's gaps): ``text``, those that carry text (SGLang's
+#: ``bench_serving``), or ``choice``, every chunk with a choice, text or not (``vllm bench serve``).
+StampedChunks = Literal["text", "choice"]
 
 #: The path each :data:`API` posts to.
 ENDPOINTS: dict[str, str] = {
@@ -85,7 +89,11 @@ class ClientOptions:
     request's clock starts (see the module docstring); ``itl_unit`` whether an inter-token gap is one per chunk
     (``chunk``, the default) or each chunk's gap split evenly over the tokens it carries (``token``, what
     ``bench_serving`` does on ``/generate``, where the server says how many tokens a chunk holds; on the
-    OpenAI APIs a chunk's token count is unknown and both definitions give chunk gaps). ``stream=False``
+    OpenAI APIs a chunk's token count is unknown and both definitions give chunk gaps). ``stamp_chunks``
+    which chunks count: ``text`` (the default, as SGLang's ``bench_serving``) only those with text, ``choice``
+    every chunk with a choice, as ``vllm bench serve`` — a token that decodes to nothing yet (part of a UTF-8
+    character, frequent with random byte-level tokens) still arrived, and a gap measured across it is two
+    tokens long. ``stream=False``
     asks for one response body: TTFT then equals E2E, as in ``bench_serving --disable-stream``.
     ``headers`` and ``api_key`` are sent but never stored with results.
     """
@@ -104,6 +112,7 @@ class ClientOptions:
     stream: bool = True
     ttft_clock: TTFTClock = "send"
     itl_unit: ITLUnit = "chunk"
+    stamp_chunks: StampedChunks = "text"
 
     def __post_init__(self) -> None:
         if self.api not in ENDPOINTS:
@@ -114,6 +123,8 @@ class ClientOptions:
             raise BenchError(f"ttft_clock must be 'send' or 'connect', got {self.ttft_clock!r}")
         if self.itl_unit not in ("chunk", "token"):
             raise BenchError(f"itl_unit must be 'chunk' or 'token', got {self.itl_unit!r}")
+        if self.stamp_chunks not in ("text", "choice"):
+            raise BenchError(f"stamp_chunks must be 'text' or 'choice', got {self.stamp_chunks!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise BenchError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -140,6 +151,7 @@ class ClientOptions:
             "connect_timeout_s": self.connect_timeout_s,
             "ttft_clock": self.ttft_clock,
             "itl_unit": self.itl_unit,
+            "stamp_chunks": self.stamp_chunks,
         }
 
 
@@ -213,7 +225,7 @@ def http_error(status: int, body: bytes) -> str:
 
 
 class _Collector:
-    """The sink of one streamed response: timestamps text-bearing chunks and reads usage."""
+    """The sink of one streamed response: timestamps the chunks ``stamp_chunks`` names and reads usage."""
 
     __slots__ = (
         "api",
@@ -230,12 +242,14 @@ class _Collector:
         "is_sse",
         "parser",
         "prompt_tokens",
+        "stamp_every_choice",
         "status",
         "text_parts",
     )
 
-    def __init__(self, api: str, record_text: bool) -> None:
+    def __init__(self, api: str, record_text: bool, stamp_chunks: str = "text") -> None:
         self.api = api
+        self.stamp_every_choice = stamp_chunks == "choice"
         self.parser = SSEParser()
         self.status = 0
         self.is_sse = True
@@ -304,10 +318,10 @@ class _Collector:
                 text = delta.get("content") or delta.get("reasoning_content")
             else:
                 text = c0.get("text")
-            if text:
+            if text or self.stamp_every_choice:
                 self.chunk_times.append(t)
-                if self.text_parts is not None:
-                    self.text_parts.append(text)
+            if text and self.text_parts is not None:
+                self.text_parts.append(text)
         usage = obj.get("usage")
         if usage:
             self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
@@ -446,7 +460,7 @@ async def send_request(
     (sent on a session of its own, created just before the clock starts — bench_serving's order — so the
     clock holds encoding and connecting).
     """
-    collector = _Collector(options.api, options.record_text)
+    collector = _Collector(options.api, options.record_text, options.stamp_chunks)
     session = _session(options) if isinstance(request, SessionRequest) else None
     start = time.perf_counter()
     failure = ""

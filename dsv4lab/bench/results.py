@@ -194,6 +194,12 @@ class BenchResult:
         return value if isinstance(value, str) else "chunk"
 
     @property
+    def stamp_chunks(self) -> str:
+        """``text`` (only chunks with text are timed) or ``choice`` (every chunk with a choice, as vLLM's client)."""
+        value = self.provenance.client_options.get("stamp_chunks")
+        return value if isinstance(value, str) else "text"
+
+    @property
     def definitions(self) -> dict[str, str]:
         """The metric definitions this result follows, in words a report can quote."""
         start = (
@@ -201,15 +207,16 @@ class BenchResult:
             if self.ttft_clock == "connect"
             else "when the request's bytes were written to an already open connection"
         )
+        timed = "token-bearing" if self.stamp_chunks == "text" else "choice-bearing (text or not)"
         itl = (
-            "each gap between token-bearing chunks split evenly over the tokens of the later chunk"
+            f"each gap between {timed} chunks split evenly over the tokens of the later chunk"
             if self.itl_unit == "token"
-            else "each gap between token-bearing chunks"
+            else f"each gap between {timed} chunks"
         )
-        end = "the last line of the stream" if self.provenance.backend != "dsv4lab" else "the last token-bearing chunk"
+        end = "the last line of the stream" if self.provenance.backend != "dsv4lab" else f"the last {timed} chunk"
         return {
             "clock": start,
-            "ttft": "first token-bearing chunk minus the request's start (see clock)",
+            "ttft": f"first {timed} chunk minus the request's start (see clock)",
             "e2e": f"{end} minus the request's start",
             "tpot": "(E2E - TTFT) / (output tokens - 1), per request with more than one output token",
             "itl": itl,
@@ -324,6 +331,7 @@ class BenchResult:
         row["accept_length"] = s.accept_length
         row["ttft_clock"] = self.ttft_clock
         row["itl_unit"] = self.itl_unit
+        row["stamp_chunks"] = self.stamp_chunks
         clock = self.clock
         row["clock"] = clock.reading
         row["time_scale"] = clock.time_scale
@@ -372,6 +380,7 @@ class BenchResult:
                 "goodput": s.goodput,
                 "ttft_clock": self.ttft_clock,
                 "itl_unit": self.itl_unit,
+                "stamp_chunks": self.stamp_chunks,
                 "ttft_ms": dist(s.ttft_ms),
                 "tpot_ms": dist(s.tpot_ms),
                 "itl_ms": dist(s.itl_ms),
@@ -498,6 +507,7 @@ def _result_html(r: BenchResult) -> str:
     head = hv.p(
         f"against {p.url} ({where}, {p.api} API, client {p.backend}); concurrency {c}{rate}, repeat {r.repeat}; "
         f"TTFT clock {r.ttft_clock}, ITL per {r.itl_unit}"
+        + (", every chunk with a choice timed (text or not)" if r.stamp_chunks == "choice" else "")
     )
     warn = ""
     if r.partial:

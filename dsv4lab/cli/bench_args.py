@@ -166,6 +166,13 @@ def _metric_options(p: argparse.ArgumentParser) -> None:
         default="chunk",
         help="one ITL per chunk gap (default) or each gap split over its tokens, as bench_serving on /generate",
     )
+    mt.add_argument(
+        "--stamp-chunks",
+        choices=("text", "choice"),
+        default="text",
+        help="time only the chunks that carry text (default, as bench_serving) or every chunk with a choice, "
+        "text or not, as vllm bench serve (a token that decodes to nothing yet still arrived)",
+    )
     mt.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:500 tpot:50 e2el:20000")
     mt.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT")
     mt.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT")
@@ -333,6 +340,7 @@ def client_options(args: argparse.Namespace) -> ClientOptions:
             record_text=args.output_details,
             ttft_clock=args.ttft_clock,
             itl_unit=args.itl_unit,
+            stamp_chunks=args.stamp_chunks,
         )
     except BenchError as exc:
         raise ConfigError("request options", "", str(exc)) from None
