@@ -503,8 +503,10 @@ def test_tune_runs_its_trials_two_at_a_time_as_jobs(two_nodes: SlurmCluster, tmp
     """``--max-parallel 2``: the sampler is asked for two trials at a time, their servers are two jobs Slurm runs
     at once (one on each node), and the four trials are ordinary run dirs with their jobs in their records."""
     two_nodes.wait_idle()
+    # 400 output tokens make each trial's job last 5-15 s: Slurm stamps start and end to the second, and 1-s trials
+    # on a slow host ended in the second their peer started, which cannot be told from "one after the other".
     args = ["tune", "--preset", "config_b_fixed", "--twin", "--space", "mem_fraction_static=0.80,0.92"]
-    args += ["--space", "cuda_graph_max_bs=8,16", "--concurrency", "16", "--input-len", "1000", "--output-len", "16"]
+    args += ["--space", "cuda_graph_max_bs=8,16", "--concurrency", "16", "--input-len", "1000", "--output-len", "400"]
     args += ["--time-scale", "0.02", "--budget", "4", "--max-parallel", "2", "--reports", str(tmp_path), "--json"]
     args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
     out = cli(two_nodes, *args, timeout=600)
