@@ -166,12 +166,20 @@ def test_a_drop_during_a_benchmark_and_gpu_sampling_costs_only_the_requests_in_f
         log = Path(s.run_dir) / "server.log"
         sampled_before = len(s.gpu_memory())
 
-        def drop_while_decoding() -> None:
-            wait_for(lambda: "Decode batch" in log.read_text(), "the benchmark reaching the server", 60)
-            time.sleep(0.2)
+        prefills_at_ready = log.read_text().count("Prefill batch")  # the warm-up's
+
+        def drop_while_in_flight() -> None:
+            # The first of the benchmark's prefills: its requests are in flight with 4,000 tokens each to go. (Its
+            # first decode line was too late under load in CI: the whole run ended 0.6 s after the first token.)
+            wait_for(
+                lambda: log.read_text().count("Prefill batch") > prefills_at_ready,
+                "the benchmark reaching the server",
+                60,
+                every_s=0.01,
+            )
             sshd.drop_connections()
 
-        dropper = threading.Thread(target=drop_while_decoding)
+        dropper = threading.Thread(target=drop_while_in_flight)
         dropper.start()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
