@@ -34,14 +34,39 @@ _KERNEL_IDLE = """(path) => {
 }"""
 
 
-def open_and_run_all(page: Any, jupyterlab: Any, name: str) -> None:
+#: The notebook's first code cell has run (notebooks are committed without outputs: no execution count before).
+_RUN_STARTED = """(path) => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  if (!w || !w.context || w.context.path !== path) return false;
+  const first = w.content.widgets.find(c => c.model.type === 'code');
+  return !!first && first.model.executionCount !== null;
+}"""
+
+
+def open_and_run_all(page: Any, jupyterlab: Any, name: str, shots: Shots) -> None:
     """Open ``name`` in a fresh workspace (``reset``: not beside the notebooks an earlier test left open), wait
     for its kernel, and start running all its cells. The command is not awaited: its promise settles only when
-    the last cell has run, and a cell can wait on the kernel while the page waits on the promise."""
+    the last cell has run, and a cell can wait on the kernel while the page waits on the promise.
+
+    Its start is: the first cell's execution count. In a CI run (the QUEUED test, after the module's first test)
+    nothing ran for 90 s after the command with the kernel idle; so a run that has not started in 30 s is
+    screenshot (``run-all-not-started``) and asked for once more, and a second miss fails here, saying so.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
     page.goto(jupyterlab.url(f"lab/tree/{name}") + "&reset")
     page.wait_for_function(_KERNEL_IDLE, arg=name, timeout=90_000)
     page.evaluate("() => { window.jupyterapp.commands.execute('application:toggle-left-area'); }")  # the file browser
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    for attempt in (1, 2):
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        try:
+            page.wait_for_function(_RUN_STARTED, arg=name, timeout=30_000)
+            return
+        except PlaywrightTimeoutError:
+            shots.take(f"run-all-not-started-{attempt}")
+            if attempt == 2:
+                raise AssertionError(f"run-all-cells on {name} ran no cell in 30 s, twice") from None
+            page.wait_for_function(_KERNEL_IDLE, arg=name, timeout=90_000)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +140,7 @@ def test_tweak_see_the_shortfall_fix_launch_and_bench(jupyterlab: Any, tmp_path:
         # 1500 px wide, where a 4 px overflow once put a horizontal scrollbar under the whole panel.
         page = browser.new_page(viewport={"width": 1500, "height": 3000})
         shots = Shots(page, tmp_path / "shots")
-        open_and_run_all(page, jupyterlab, "lab.ipynb")
+        open_and_run_all(page, jupyterlab, "lab.ipynb", shots)
 
         panel = _panel(page)
         verdict = panel.locator(".dsv4lab-verdict")
@@ -227,7 +252,7 @@ def test_a_launch_waiting_for_its_slurm_job_shows_queued_with_slurms_reason(jupy
         with launch_chromium() as browser:
             page = browser.new_page(viewport={"width": 1500, "height": 3000})
             shots = Shots(page, tmp_path / "shots")
-            open_and_run_all(page, jupyterlab, "lab-slurm.ipynb")
+            open_and_run_all(page, jupyterlab, "lab-slurm.ipynb", shots)
             panel = _panel(page)
             panel.locator(".dsv4lab-verdict [data-state='ok']").wait_for(timeout=90_000)
             panel.locator(".dsv4lab-launch").click()
