@@ -3,6 +3,10 @@ simulation's failure point, log shapes, settings and the GPU view's formatting."
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
+
 import pytest
 
 from dsv4lab.config.hardware import hardware_profile, model_profile
@@ -14,6 +18,7 @@ from dsv4lab.twin import logfmt
 from dsv4lab.twin.args import parse_args
 from dsv4lab.twin.faults import parse_fault
 from dsv4lab.twin.memsim import OutOfMemory, plan_rank
+from dsv4lab.twin.scheduler import Request, Scheduler, SchedulerLimits
 from dsv4lab.twin.settings import TwinSettings
 from dsv4lab.twin.smi import GpuRow, query
 from dsv4lab.twin.timing import TimingModel
@@ -87,6 +92,57 @@ def test_story_calibration() -> None:
     assert a16 == pytest.approx(23, rel=0.10)
     assert 1.37 <= b1 / a1 <= 1.57
     assert b16 / a16 == pytest.approx(1.0, abs=0.10)
+
+
+def test_an_idle_twin_starts_on_a_request_when_it_arrived_not_when_its_loop_got_to_it() -> None:
+    """The twin's HTTP handlers share the scheduler's event loop, so an idle scheduler wakes only after the
+    handlers queued before it (16 prompts of 8,000 tokens parsed at once: 15-75 ms, more on a busy host). A real
+    server's scheduler is a process of its own: that wait must not reach the modelled GPU clock, where at time
+    scale 0.02 it read as seconds and tipped a +6 % lever's A/B to +19 %."""
+    timing = TimingModel(HW, DSV4, 8, None, tuned_fp8=True)
+    limits = SchedulerLimits(
+        max_running_requests=16,
+        max_total_tokens=1_000_000,
+        chunked_prefill_size=8192,
+        max_graph_bs=16,
+        decode_log_interval=40,
+        accept_alpha=0.0,
+        num_draft_steps=0,
+    )
+    scale = 0.3
+    prefill_s = timing.prefill_s(8000) * scale
+
+    async def first_tokens(held_s: float) -> tuple[float, float, float]:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            release = resolve_release("0.5.23")
+            sched = Scheduler(timing, limits, release, logfmt.LogWriter(release, fd=devnull), scale, seed=7)
+            sched.start()
+            await asyncio.sleep(0.05)  # the loop is idle, waiting for a request
+            first = sched.submit(Request(prompt_tokens=8000, max_new_tokens=2))
+            time.sleep(held_s)  # the event loop is held (other requests' handlers) before the scheduler runs
+            second = sched.submit(Request(prompt_tokens=8000, max_new_tokens=2))
+            for req in (first, second):
+                while req.finished_at is None:
+                    await req.events.get_all()
+            assert first.first_token_at is not None and second.first_token_at is not None
+            return (
+                first.first_token_at - first.created,
+                second.first_token_at - first.first_token_at,
+                sched.stats.behind_s_max,
+            )
+        finally:
+            os.close(devnull)
+
+    quiet, quiet_gap, _ = asyncio.run(first_tokens(0.0))
+    held, held_gap, behind = asyncio.run(first_tokens(0.9 * prefill_s))
+    assert quiet == pytest.approx(prefill_s, rel=0.5)
+    # Started when it arrived, the first prefill ends when it would have ended in the quiet run; started when
+    # the loop got to it, it would end 0.9 of a prefill later.
+    assert held < quiet + 0.45 * prefill_s, (held, quiet, prefill_s)
+    # The second request arrived during the first one's prefill: it is prefilled after it, not beside it.
+    assert held_gap > 0.5 * prefill_s and quiet_gap > 0.5 * prefill_s, (held_gap, quiet_gap)
+    assert behind >= 0.8 * prefill_s  # the held loop is on record (/server_info's behind_s_max)
 
 
 def test_attention_share_and_untuned_penalty() -> None:
