@@ -34,6 +34,24 @@ _KERNEL_IDLE = """(path) => {
 }"""
 
 
+#: Run all cells of the notebook at this path, named by its widget id: without one the command acts on the
+#: notebook tracker's current widget, which follows focus and can be none or another notebook for a moment;
+#: the command then does nothing, silently. Returns what the command saw, for a miss to say.
+_RUN_ALL = """(path) => {
+  const app = window.jupyterapp;
+  const w = app.shell.currentWidget;
+  const seen = {
+    shellCurrent: w ? (w.context ? w.context.path : w.id) : null,
+    activeCell: !!(w && w.content && w.content.activeCell),
+    kernel: w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel
+      ? w.sessionContext.session.kernel.status : null,
+  };
+  if (w && w.context && w.context.path === path) {
+    app.commands.execute('notebook:run-all-cells', {semanticWidget: w.id});
+  }
+  return seen;
+}"""
+
 #: The notebook's first code cell has run (notebooks are committed without outputs: no execution count before).
 _RUN_STARTED = """(path) => {
   const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
@@ -49,8 +67,9 @@ def open_and_run_all(page: Any, jupyterlab: Any, name: str, shots: Shots) -> Non
     the last cell has run, and a cell can wait on the kernel while the page waits on the promise.
 
     Its start is: the first cell's execution count. In a CI run (the QUEUED test, after the module's first test)
-    nothing ran for 90 s after the command with the kernel idle; so a run that has not started in 30 s is
-    screenshot (``run-all-not-started``) and asked for once more, and a second miss fails here, saying so.
+    nothing ran for 90 s after the command with the kernel idle, as when the command finds no current notebook;
+    so the command now names the notebook (``_RUN_ALL``), a run that has not started in 30 s is screenshot
+    (``run-all-not-started``) and asked for once more, and a second miss fails here with what JupyterLab had.
     """
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
@@ -58,14 +77,16 @@ def open_and_run_all(page: Any, jupyterlab: Any, name: str, shots: Shots) -> Non
     page.wait_for_function(_KERNEL_IDLE, arg=name, timeout=90_000)
     page.evaluate("() => { window.jupyterapp.commands.execute('application:toggle-left-area'); }")  # the file browser
     for attempt in (1, 2):
-        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        seen = page.evaluate(_RUN_ALL, name)
         try:
             page.wait_for_function(_RUN_STARTED, arg=name, timeout=30_000)
             return
         except PlaywrightTimeoutError:
             shots.take(f"run-all-not-started-{attempt}")
             if attempt == 2:
-                raise AssertionError(f"run-all-cells on {name} ran no cell in 30 s, twice") from None
+                raise AssertionError(
+                    f"run-all-cells on {name} ran no cell in 30 s, twice; JupyterLab had {seen}"
+                ) from None
             page.wait_for_function(_KERNEL_IDLE, arg=name, timeout=90_000)
 
 
