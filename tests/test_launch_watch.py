@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -509,11 +510,15 @@ def test_a_server_that_logs_its_death_but_runs_on_is_crashed_at_once_and_then_en
 
 #: A "server" that binds its port only after a while (vLLM after half a minute): ``--port P`` from its argv,
 #: then Python's HTTP server on it, whose ``GET /health`` finds the file the launch dir holds.
+#: A server that binds its port 5 s after it starts, and not before the test's stranger has let go of it (the
+#: file ``{gone}``): in CI the stranger, told to quit 3 s after it listened, still held the port at 5 s when the
+#: machine was busy, and the server died of "Address already in use".
 _LATE_BINDER = """#!/usr/bin/env bash
 port=""
 while [ $# -gt 0 ]; do case "$1" in --port) port=$2; shift 2 ;; *) shift ;; esac; done
 echo "[2026-01-01 00:00:00] Load weight begin. avail mem=95.00 GB"
 sleep 5
+while [ ! -e {gone} ]; do sleep 0.05; done
 echo ok > health
 exec python3 -m http.server --bind 127.0.0.1 "$port"
 """
@@ -521,7 +526,8 @@ exec python3 -m http.server --bind 127.0.0.1 "$port"
 
 def test_health_answered_by_another_process_is_not_ready(tmp_path: Path, handles: list[ServerHandle]) -> None:
     fake = tmp_path / "python"
-    fake.write_text(_LATE_BINDER)
+    gone = tmp_path / "stranger-gone"
+    fake.write_text(_LATE_BINDER.format(gone=shlex.quote(str(gone))))
     fake.chmod(0o755)
     port = free_port()
     h = launch(LocalHost(), tiny(port), str(tmp_path / "x"), target="sglang", python=str(fake), check=False)
@@ -541,7 +547,13 @@ def test_health_answered_by_another_process_is_not_ready(tmp_path: Path, handles
     )
     wait_for(lambda: find_listener(LocalHost(), port)[0], "the stranger's listener", timeout_s=10)
     assert h.owns_port() is False
-    threading.Timer(3.0, stranger.terminate).start()
+
+    def let_go() -> None:
+        stranger.terminate()
+        stranger.wait(timeout=10)
+        gone.touch()
+
+    threading.Timer(3.0, let_go).start()
     try:
         r = wait_ready(h, 60, progress=False, health_every_s=0.5)
     finally:
