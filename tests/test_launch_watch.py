@@ -509,10 +509,9 @@ def test_a_server_that_logs_its_death_but_runs_on_is_crashed_at_once_and_then_en
 
 
 #: A "server" that binds its port only after a while (vLLM after half a minute): ``--port P`` from its argv,
-#: then Python's HTTP server on it, whose ``GET /health`` finds the file the launch dir holds.
-#: A server that binds its port 5 s after it starts, and not before the test's stranger has let go of it (the
-#: file ``{gone}``): in CI the stranger, told to quit 3 s after it listened, still held the port at 5 s when the
-#: machine was busy, and the server died of "Address already in use".
+#: then Python's HTTP server on it, whose ``GET /health`` finds the file the launch dir holds. It binds 5 s
+#: after it starts and not before the test's stranger has let go of the port (the file ``{gone}``): in CI the
+#: stranger, told to quit 3 s after it listened, still held the port at 5 s on a busy machine.
 _LATE_BINDER = """#!/usr/bin/env bash
 port=""
 while [ $# -gt 0 ]; do case "$1" in --port) port=$2; shift 2 ;; *) shift ;; esac; done

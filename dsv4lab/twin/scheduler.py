@@ -165,7 +165,6 @@ class Scheduler:
         self._since_log_verify = 0
         self.spec = timing.speculative is not None
         self._last_end: float | None = None
-        self._idle_since = time.monotonic()
 
     # -- public ------------------------------------------------------------------------------------------
 
@@ -202,31 +201,26 @@ class Scheduler:
             if not self.waiting and not self.running:
                 self._wake.clear()
                 self._last_end = None
-                self._idle_since = loop.time()
                 await self._wake.wait()
                 continue
             now = loop.time()
-            start = now
-            arrived_by = math.inf
-            if self._last_end is not None:
-                behind = now - self._last_end
-                self.stats.behind_s_max = max(self.stats.behind_s_max, behind)
-                if behind < MAX_CATCH_UP_S:
-                    # Busy back to back: the next step starts when the last one was due to end, so neither the
-                    # event loop's wake-up lateness nor a stall of the whole process accumulates.
-                    start = self._last_end
-            elif self.waiting:
-                # Idle until a request came: an idle GPU starts on it when it arrives, with what has arrived by
-                # then. This loop wakes only after the event loop has run the handlers queued before it: a
-                # benchmark's 16 prompts of 8,000 tokens arriving at once took 25-110 ms to parse, and the wake
-                # came up to 75 ms after the first arrival (measured beside a browser test on 2 cores; hundreds of
-                # ms on a busier host). At time scale 0.02 that is 1-4 s of GPU time a real server, whose
-                # scheduler is a process of its own, would not lose.
-                first = max(self._idle_since, min(r.created for r in self.waiting))
-                behind = now - first
-                self.stats.behind_s_max = max(self.stats.behind_s_max, behind)
-                if behind < MAX_CATCH_UP_S:
-                    start = arrived_by = first
+            # When the modelled clock says this step starts. Busy back to back: when the last one was due to end,
+            # so neither the event loop's wake-up lateness nor a stall of the whole process accumulates. Idle until
+            # a request came: when the first waiting one arrived (waiting is in arrival order), with only what had
+            # arrived by then. This loop wakes only after the event loop has run the handlers queued before it: a
+            # benchmark's 16 prompts of 8,000 tokens arriving at once took 25-110 ms to parse, and the wake came
+            # up to 75 ms after the first arrival (beside a browser test on 2 cores; hundreds of ms on a busier
+            # host), at time scale 0.02 1-4 s of GPU time a real server, whose scheduler is a process of its own,
+            # would not lose.
+            last_end = self._last_end
+            due = self.waiting[0].created if last_end is None else last_end
+            behind = now - due
+            self.stats.behind_s_max = max(self.stats.behind_s_max, behind)
+            start, arrived_by = now, math.inf
+            if behind < MAX_CATCH_UP_S:
+                start = due
+                if last_end is None:
+                    arrived_by = due
             batch = self._admit(arrived_by)
             if batch:
                 # A GPU cannot begin a prefill before its request arrived: catching up stops at the newest.
