@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from dsv4lab.hosts import LocalHost
 from dsv4lab.twin.smi import (
     SELECT_PID_ENV,
     SELECT_PORT_ENV,
+    UNSEEN_GRACE_S,
     query,
     read_gpus,
     release_state,
@@ -107,6 +109,34 @@ def test_memory_stays_in_use_until_released_then_the_files_go(tmp_path: Path) ->
     time.sleep(0.8)
     freed = read_gpus(_env(tmp_path, DSV4LAB_TWIN_HARDWARE="tiny", **{SELECT_PORT_ENV: "31003"}))
     assert [r.memory_used_mib for r in freed] == [1, 102]
+    assert list(tmp_path.glob(f"twin-{pid}*")) == []
+
+
+def test_a_hold_nobody_reported_is_reported_once_late_then_released(tmp_path: Path) -> None:
+    # A stand-in loop starved past the (scaled) hold still sees the dead twin's memory once, then the release;
+    # a look that shows no memory (-L, the ids check) does not count as seeing it.
+    pid = _dead_pid()
+    _twin_state(tmp_path, pid, 31005, 90_000)
+    release_state(tmp_path, pid, after_s=0.05)
+    time.sleep(0.2)
+    env = _env(tmp_path, DSV4LAB_TWIN_HARDWARE="tiny", **{SELECT_PORT_ENV: "31005"})
+    unseen = read_gpus(env, reporting=False)
+    late = read_gpus(env)
+    freed = read_gpus(env)
+    assert [r.memory_used_mib for r in unseen] == [r.memory_used_mib for r in late] == [90_000, 90_001]
+    assert [r.memory_used_mib for r in freed] == [1, 102]
+    assert list(tmp_path.glob(f"twin-{pid}*")) == []
+
+
+def test_an_unseen_hold_long_past_is_forgotten(tmp_path: Path) -> None:
+    pid = _dead_pid()
+    _twin_state(tmp_path, pid, 31006, 90_000)
+    release_state(tmp_path, pid, after_s=0.0)
+    main = tmp_path / f"twin-{pid}.json"
+    data = json.loads(main.read_text())
+    main.write_text(json.dumps({**data, "released_at": time.time() - UNSEEN_GRACE_S - 1}))
+    rows = read_gpus(_env(tmp_path, DSV4LAB_TWIN_HARDWARE="tiny", **{SELECT_PORT_ENV: "31006"}))
+    assert [r.memory_used_mib for r in rows] == [1, 102]
     assert list(tmp_path.glob(f"twin-{pid}*")) == []
 
 

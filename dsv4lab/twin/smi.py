@@ -12,7 +12,11 @@ select it; without either, the most recently updated twin answers.
 
 A twin that exits keeps its memory for a short while, as a real GPU does while the driver tears a killed
 process's contexts down (:data:`RELEASE_S`, scaled like every twin duration); that is also what lets a
-sampler see the failing GPU's peak before the memory drops. :func:`write_smi_shim` puts an executable
+sampler see the failing GPU's peak before the memory drops. The hold ends when its time is up *and* a
+stand-in has reported it once (for at most :data:`UNSEEN_GRACE_S` more): the twin's clock is scaled, the
+host's scheduling is not, and a stand-in loop starved for longer than a scaled hold (seen for 0.9-1.7 s on a
+busy 2-core machine, against 0.1 s at time scale 0.1) would otherwise jump from before the OOM to after the
+release, and the crash's peak would be in no sample. :func:`write_smi_shim` puts an executable
 ``nvidia-smi`` into a directory meant for a twin run's ``PATH`` — never anywhere global.
 """
 
@@ -37,6 +41,7 @@ __all__ = [
     "RELEASE_S",
     "SELECT_PID_ENV",
     "SELECT_PORT_ENV",
+    "UNSEEN_GRACE_S",
     "GpuRow",
     "main",
     "read_gpus",
@@ -53,6 +58,11 @@ SELECT_PID_ENV = "DSV4LAB_TWIN_SMI_PID"
 
 #: Seconds (at time scale 1) a dead twin's GPU memory stays in use while the driver releases it [E].
 RELEASE_S = 1.0
+
+#: Wall-clock seconds past its release time that a dead twin's memory still reads as in use while no stand-in
+#: has reported it as held (the first one that does, sees it; then it is released). Bounded, so that a twin
+#: nobody sampled does not answer a sampler started long after it died.
+UNSEEN_GRACE_S = 10.0
 
 #: Shortest loop interval the stand-in accepts (ms); nvidia-smi itself has no useful floor below this.
 MIN_LOOP_MS = 5
@@ -114,12 +124,6 @@ def write_gpu_state(state_dir: Path, main_pid: int, gpu: int, used_mib: float) -
     _atomic_write(state_dir / f"twin-{main_pid}.gpu{gpu}.json", {"used_mib": used_mib, "updated": time.time()})
 
 
-def remove_state(state_dir: Path, main_pid: int) -> None:
-    for p in state_dir.glob(f"twin-{main_pid}*.json"):
-        with contextlib.suppress(OSError):
-            p.unlink()
-
-
 @dataclass(frozen=True)
 class GpuRow:
     """One GPU as ``nvidia-smi --query-gpu`` reports it."""
@@ -156,14 +160,33 @@ def _selector(env: Mapping[str, str]) -> tuple[str, int] | None:
     return None
 
 
+def _seen_marker(state_dir: Path, pid: int) -> Path:
+    """Present once a stand-in has reported the dead twin ``pid``'s memory as held (not ``*.json``: not a twin)."""
+    return state_dir / f"twin-{pid}.held-seen"
+
+
 def _forget(state_dir: Path, p: Path, pid: int) -> None:
-    for stale in (p, *state_dir.glob(f"twin-{pid}.gpu*.json")):
+    for stale in (p, *state_dir.glob(f"twin-{pid}.gpu*.json"), _seen_marker(state_dir, pid)):
         with contextlib.suppress(OSError):
             stale.unlink()
 
 
-def _running_twin(state_dir: Path, select: tuple[str, int] | None = None) -> dict[str, object] | None:
-    """The twin to report: the selected one, else the most recently updated; alive, or still releasing."""
+def _holding(state_dir: Path, pid: int, released_at: object, now: float) -> bool:
+    """Whether a dead twin's memory still reads as in use: until its release time, and past it (for at most
+    :data:`UNSEEN_GRACE_S`) while no stand-in has reported it held."""
+    if not isinstance(released_at, (int, float)):
+        return False
+    if now < released_at:
+        return True
+    return now < released_at + UNSEEN_GRACE_S and not _seen_marker(state_dir, pid).exists()
+
+
+def _running_twin(
+    state_dir: Path, select: tuple[str, int] | None = None, *, reporting: bool = True
+) -> dict[str, object] | None:
+    """The twin to report: the selected one, else the most recently updated; alive, or still releasing.
+
+    ``reporting``: the caller prints what it gets, so a releasing twin's held memory counts as seen."""
     best: tuple[float, dict[str, object]] | None = None
     now = time.time()
     for p in state_dir.glob("twin-*.json"):
@@ -175,7 +198,7 @@ def _running_twin(state_dir: Path, select: tuple[str, int] | None = None) -> dic
             released_at = data.get("released_at")
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        releasing = isinstance(released_at, (int, float)) and now < released_at
+        releasing = _holding(state_dir, pid, released_at, now)
         if released_at is not None and not releasing:
             _forget(state_dir, p, pid)
             continue
@@ -192,18 +215,26 @@ def _running_twin(state_dir: Path, select: tuple[str, int] | None = None) -> dic
             continue
         if best is None or mtime > best[0]:
             best = (mtime, data)
-    return best[1] if best else None
+    if best is None:
+        return None
+    twin = best[1]
+    if reporting and twin.get("released_at") is not None:
+        with contextlib.suppress(OSError):
+            _seen_marker(state_dir, int(str(twin["pid"]))).touch()
+    return twin
 
 
 def _idle_used_mib(hw: HardwareProfile, i: int) -> int:
     return max(1, round(hw.other_used_gib[i] * 1024)) if i < len(hw.other_used_gib) else 1
 
 
-def read_gpus(env: Mapping[str, str] | None = None) -> list[GpuRow]:
-    """Every GPU of the host: from the running twin if there is one, else idle GPUs of the profile."""
+def read_gpus(env: Mapping[str, str] | None = None, *, reporting: bool = True) -> list[GpuRow]:
+    """Every GPU of the host: from the running twin if there is one, else idle GPUs of the profile.
+
+    ``reporting=False`` for a look that is not shown (a releasing twin's memory then does not count as seen)."""
     env = os.environ if env is None else env
     state_dir = default_state_dir(env)
-    twin = _running_twin(state_dir, _selector(env))
+    twin = _running_twin(state_dir, _selector(env), reporting=reporting)
     hw_name = str(twin["hardware"]) if twin else (env.get("DSV4LAB_TWIN_HARDWARE", "").strip() or DEFAULT_HARDWARE)
     hw = hardware_profile(hw_name)
     util: Mapping[str, float] = {}
@@ -333,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif a in ("-i", "--id"):
                 ids = _ids(value)
             i += 1
-        rows = read_gpus()
+        rows = read_gpus(reporting=False)  # for -L and the ids: no memory shown yet
     except ConfigError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2
