@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -34,6 +36,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now, for servers that step their port (a
+    multi-node launch on one machine: node i on port + i).
+
+    Taken below the kernel's ephemeral range, where only an explicit bind takes a port: ``free_port() + 1`` can
+    be any connection's local port (CI run 28: node 1 of a two-node twin died of "address already in use").
+    The search starts at a random port, so two test workers do not try the same ports in step."""
+    low, top = 10_000, _ephemeral_start() - count
+    start = random.randrange(low, top)
+    for base in itertools.chain(range(start, top), range(low, start)):
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1 between {low} and {top}")
 
 
 @dataclass

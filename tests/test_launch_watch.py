@@ -31,7 +31,7 @@ from dsv4lab.serving.launch import (
     reserve_port,
 )
 from dsv4lab.serving.watch import Verdict, wait_ready, wait_ready_all
-from tests.sshd import SSHD, free_port
+from tests.sshd import SSHD, consecutive_free_ports, free_port
 from tests.test_faults_support import wait_for
 
 #: It starts servers, kernels or a browser (or builds the docs): `make unit` leaves it out.
@@ -277,7 +277,7 @@ def test_a_held_reservations_lock_is_a_clear_error_not_a_hang(tmp_path: Path, mo
 
 
 def test_multi_node_launch_and_verdict(tmp_path: Path, handles: list[ServerHandle]) -> None:
-    config = tiny(free_port(), nnodes=2, dist_init_addr=f"127.0.0.1:{free_port()}")
+    config = tiny(consecutive_free_ports(2), nnodes=2, dist_init_addr=f"127.0.0.1:{free_port()}")
     nodes = launch_nodes(
         [LocalHost(), LocalHost()],
         config,

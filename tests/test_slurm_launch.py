@@ -33,7 +33,7 @@ from dsv4lab.serving.slurm import FIRST_NODE, SlurmPlacement
 from dsv4lab.serving.slurm_handle import SlurmServerHandle
 from dsv4lab.serving.watch import Verdict, wait_ready
 from tests.slurmcluster import SlurmCluster, free_ports, require_slurm
-from tests.sshd import SSHD
+from tests.sshd import SSHD, consecutive_free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -559,7 +559,7 @@ def _processes_under(run_dir: Path) -> list[psutil.Process]:
 def _launch_on_two_nodes(two_nodes: SlurmCluster, run_dir: Path) -> tuple[SlurmServerHandle, int]:
     """The tiny twin as SGLang's 2-node server, one job on the two-node cluster; (its handle, dist-init port)."""
     two_nodes.wait_idle()
-    port, dist = free_ports(2)
+    port, dist = consecutive_free_ports(2), free_ports(1)[0]  # node 1 serves on port + 1
     config = ServerConfig(
         model_path="dsv4lab/tiny-moe", tp=2, port=port, mem_fraction_static=0.8, nnodes=2, dist_init_addr=f"head:{dist}"
     )
