@@ -197,7 +197,13 @@ def test_throughput_rises_with_concurrency_and_saturates(twin: Twin) -> None:
                 await r.read()
             return 40 * c / (time.perf_counter() - t)
 
-    r1, r8, r64 = run(rate(1)), run(rate(8)), run(rate(64))
+    def best(c: int, tries: int = 3) -> float:
+        # The fastest of a few: a stall of this busy host only ever slows a measurement (as timeit takes the
+        # minimum). 64 requests take about 0.2 s here, of which HTTP is a good part; one stalled 64 read
+        # 11,090 tok/s against 13,163 at 8 (CI run 31).
+        return max(float(run(rate(c))) for _ in range(tries))
+
+    r1, r8, r64 = best(1), best(8), best(64)
     assert r8 > 3 * r1  # batching: one step serves every running request
     assert r64 > r8
     assert r64 / r8 < 0.9 * 64 / 8  # ... but not for free: per-step cost grows with the batch
