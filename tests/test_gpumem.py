@@ -87,12 +87,12 @@ def handles() -> Iterator[list[ServerHandle]]:
 def _sample_past_the_release(sampler: GpuSampler, log: Path, *, gpu: int, timeout_s: float = 20.0) -> None:
     """Keep sampling until a sample after the OOM shows ``gpu``'s memory back (the dead twin holds it a moment,
     as a driver does, and a busy machine can delay the stand-in's samples by a second or more)."""
+    oom = oom_point(log, tz=sampler.host_tz)  # the watch saw the crash: the OOM is in the log already
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        oom = oom_point(log, tz=sampler.host_tz)
+    while oom is not None and time.monotonic() < deadline:
         f = sampler.frame()
         f = f[f["gpu"] == gpu]
-        if oom is not None and len(f) and f["time"].iloc[-1] > oom.time and f["used_mib"].iloc[-1] < 5 * 1024:
+        if len(f) and f["time"].iloc[-1] > oom.time and f["used_mib"].iloc[-1] < 5 * 1024:
             return
         time.sleep(0.05)
 

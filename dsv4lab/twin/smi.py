@@ -187,7 +187,7 @@ def _running_twin(
     """The twin to report: the selected one, else the most recently updated; alive, or still releasing.
 
     ``reporting``: the caller prints what it gets, so a releasing twin's held memory counts as seen."""
-    best: tuple[float, dict[str, object]] | None = None
+    best: tuple[float, int, dict[str, object]] | None = None
     now = time.time()
     for p in state_dir.glob("twin-*.json"):
         if ".gpu" in p.name:
@@ -214,13 +214,13 @@ def _running_twin(
         except OSError:
             continue
         if best is None or mtime > best[0]:
-            best = (mtime, data)
+            best = (mtime, pid, data)
     if best is None:
         return None
-    twin = best[1]
+    _, pid, twin = best
     if reporting and twin.get("released_at") is not None:
         with contextlib.suppress(OSError):
-            _seen_marker(state_dir, int(str(twin["pid"]))).touch()
+            _seen_marker(state_dir, pid).touch()
     return twin
 
 
