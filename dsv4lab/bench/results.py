@@ -23,6 +23,7 @@ import pandas as pd
 
 from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
+from dsv4lab.bench.stalls import disturbed, stall_text
 from dsv4lab.config import AnyConfig
 from dsv4lab.counts import plural
 from dsv4lab.hosts import Host
@@ -177,6 +178,22 @@ class BenchResult:
     interrupted: bool = False
     #: With ``profile=True``: the server's answer to ``/stop_profile`` (SGLang names the trace there).
     profile: str | None = None
+    #: The longest the client's own event loop stood still during the measured requests, in seconds of the
+    #: client host's clock (see :mod:`dsv4lab.bench.stalls`); None where not measured (other clients' runs).
+    client_stall_s: float | None = None
+
+    @property
+    def disturbed(self) -> bool:
+        """The client stood still for a sizeable share of the run: it measured the client's host, not the
+        server (a sweep or an A/B makes such a run again)."""
+        return disturbed(self.client_stall_s, self.summary.duration_s)
+
+    @property
+    def disturbance(self) -> str | None:
+        """Why the run is :attr:`disturbed`, in words; None when it is not."""
+        if not self.disturbed or self.client_stall_s is None:
+            return None
+        return stall_text(self.client_stall_s, self.summary.duration_s)
 
     @property
     def ttft_clock(self) -> str:
@@ -322,6 +339,7 @@ class BenchResult:
             "partial": self.partial,
             "interrupted": self.interrupted,
             "outcome": self.outcome,
+            "client_stall_s": self.client_stall_s,
             **self._headline(s),
         }
         for name in _LATENCIES:
@@ -375,6 +393,7 @@ class BenchResult:
                 "failure": self.failure,
                 "abort_reason": self.abort_reason,
                 "diagnosis": self.diagnosis,
+                "client_stall_s": self.client_stall_s,
                 **self._headline(),
                 "output_tokens_from_server": s.output_tokens_from_server,
                 "goodput": s.goodput,
@@ -420,6 +439,7 @@ class BenchResult:
             "origin_perf_s": self.origin_perf_s,
             "interrupted": self.interrupted,
             "profile": self.profile,
+            "client_stall_s": self.client_stall_s,
             "summary": self.summary.to_dict(),
             "provenance": self.provenance.to_dict(),
             "requests": requests,
@@ -447,6 +467,7 @@ class BenchResult:
             origin_perf_s=data.get("origin_perf_s"),
             interrupted=bool(data.get("interrupted", False)),
             profile=data.get("profile"),
+            client_stall_s=data.get("client_stall_s"),
         )
 
     def __repr__(self) -> str:
@@ -564,8 +585,11 @@ def _result_html(r: BenchResult) -> str:
 class BenchRuns(Sequence[BenchResult]):
     """Runs of one sweep or campaign step: a sequence of :class:`BenchResult` that tabulates and shows itself."""
 
-    def __init__(self, runs: Sequence[BenchResult] = ()) -> None:
+    def __init__(self, runs: Sequence[BenchResult] = (), *, redone: Sequence[BenchResult] = ()) -> None:
         self._runs: tuple[BenchResult, ...] = tuple(runs)
+        #: Runs that were made again because the client stood still through them (:attr:`BenchResult.disturbed`):
+        #: kept for the record, left out of the sequence and its statistics.
+        self.redone: tuple[BenchResult, ...] = tuple(redone)
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -576,7 +600,7 @@ class BenchRuns(Sequence[BenchResult]):
         return len(self._runs)
 
     def __add__(self, other: Sequence[BenchResult]) -> BenchRuns:
-        return BenchRuns((*self._runs, *other))
+        return BenchRuns((*self._runs, *other), redone=(*self.redone, *getattr(other, "redone", ())))
 
     @property
     def partial(self) -> bool:
@@ -619,10 +643,25 @@ class BenchRuns(Sequence[BenchResult]):
         note = hv.p(clock.note()) if clock.is_twin else ""
         if len(workloads) == 1 and (only := workloads.pop()):
             note = hv.p(f"workload: {only}") + note
+        note += redone_note(self.redone)
         failed = [r for r in self._runs if r.outcome == "failed"]
         state: hv.State = "fail" if self.partial or failed else "ok"
         status = f"✗ {len(failed)} of {plural(len(self), 'run')} failed" if failed else ""
         return hv.card(plural(len(self), "benchmark run"), hv.table(rows, digits=1) + note, state=state, status=status)
+
+
+def redone_note(redone: Sequence[BenchResult]) -> str:
+    """A paragraph naming the runs made again because the client stood still through them; empty for none."""
+    from dsv4lab import htmlview as hv
+
+    if not redone:
+        return ""
+    why = "; ".join(f"{r.label or 'run'} c={r.concurrency} repeat {r.repeat + 1}: {r.disturbance}" for r in redone)
+    return hv.p(
+        f"{plural(len(redone), 'run')} made again and left out of the figures ({why}). "
+        "A stall of the client lengthens the run it falls in without the server being slower; "
+        "the runs are kept in .redone."
+    )
 
 
 def _run_status(r: BenchResult) -> str:

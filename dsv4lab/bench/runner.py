@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import inspect
 import math
@@ -44,6 +45,7 @@ from dsv4lab.bench.serverinfo import (
     stop_profile_later,
     stop_profile_quietly,
 )
+from dsv4lab.bench.stalls import StallWatch
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.tokens import fit_workload
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
@@ -314,6 +316,7 @@ async def run_async(
         origin_perf_s=steps.origin,
         interrupted=state.interrupted,
         profile=profile_answer,
+        client_stall_s=steps.stalls.longest_s if steps.stalls is not None else None,
     )
     if store is not None:
         (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
@@ -402,6 +405,8 @@ class _Steps:
     #: When the measured requests' clock starts (``perf_counter``); until then, when the run began.
     origin: float = dataclasses.field(default_factory=time.perf_counter)
     profiling: bool = False
+    #: The client's heartbeat over the measured requests (None until they start).
+    stalls: StallWatch | None = None
 
     @property
     def base(self) -> str:
@@ -424,6 +429,7 @@ class _Steps:
             await self.warmup()
             schedule = await self.prepare(len(specs), profile, profile_output_dir)
             gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
+            self.stalls = StallWatch().start()
             self.origin = time.perf_counter()
             return await self.dispatch(specs, payloads, schedule)
         except asyncio.CancelledError:
@@ -433,6 +439,8 @@ class _Steps:
                 raise
             return [RequestRecord(s.index, "not_sent", 0.0, error="not sent: stopped by the user") for s in specs]
         finally:
+            if self.stalls is not None:
+                self.stalls.stop()
             if gc_was_enabled:
                 gc.enable()
             state.watch.cancel()
@@ -570,6 +578,7 @@ async def sweep_async(
     back, the last one partial."""
     reporter = progress if isinstance(progress, Progress) else Progress(f"sweep {label}".strip(), enabled=progress)
     runs: list[BenchResult] = []
+    redone: list[BenchResult] = []
     options_kw = {
         "slo": slo,
         "on_server_death": on_server_death,
@@ -578,14 +587,15 @@ async def sweep_async(
         "profile": profile,
         "profile_output_dir": profile_output_dir,
     }
-    await _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, options_kw)
+    await _sweep_into(runs, redone, url, workload, concurrencies, repeats, load, options, label, reporter, options_kw)
     if not isinstance(progress, Progress):
         _finish_sweep(reporter, runs)
-    return BenchRuns(runs)
+    return BenchRuns(runs, redone=redone)
 
 
 async def _sweep_into(
     runs: list[BenchResult],
+    redone: list[BenchResult],
     url: str,
     workload: Workload | Callable[[int], Workload] | Callable[[int | None], Workload],
     concurrencies: Sequence[int | None] | int | str | None,
@@ -596,7 +606,8 @@ async def _sweep_into(
     reporter: Progress,
     run_kw: Mapping[str, Any],
 ) -> None:
-    """The sweep itself, appending each run to ``runs`` as it ends, so a stopped sweep keeps them."""
+    """The sweep itself, appending each run to ``runs`` as it ends, so a stopped sweep keeps them (and each
+    run made again to ``redone``)."""
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
     levels = cap_levels(concurrencies)
@@ -605,13 +616,42 @@ async def _sweep_into(
         wl = cast("Callable[[int | None], Workload]", workload)(level) if callable(workload) else workload
         for r in range(repeats):
             shown = "inf" if level is None else level
-            reporter.update(f"run {len(runs) + 1}/{planned}: c={shown} repeat {r + 1}", fraction=0.0)
+            what = f"run {len(runs) + 1}/{planned}: c={shown} repeat {r + 1}"
+            reporter.update(what, fraction=0.0)
             load_c = dataclasses.replace(load or LoadSpec(), concurrency=level)
-            result = await run_async(url, wl, load_c, options, label=label, repeat=r, progress=reporter, **run_kw)
+            make = functools.partial(
+                run_async, url, wl, load_c, options, label=label, repeat=r, progress=reporter, **run_kw
+            )
+            result = await undisturbed_run(make, reporter, what, redone)
             runs.append(result)
-            reporter.kept = BenchRuns(runs)
+            reporter.kept = BenchRuns(runs, redone=redone)
             if result.partial:
                 return
+
+
+#: How many times a series (a sweep, an A/B) makes a disturbed run again before it keeps the least disturbed.
+MAX_REDOS = 2
+
+
+async def undisturbed_run(
+    make: Callable[[], Coroutine[Any, Any, BenchResult]], reporter: Progress, what: str, redone: list[BenchResult]
+) -> BenchResult:
+    """One run of a series, made again while the client stood still through a sizeable share of it
+    (:attr:`BenchResult.disturbed`), at most :data:`MAX_REDOS` times; the attempts not kept go to ``redone``.
+
+    Why again rather than keep it: a series exists to be averaged and compared, and a stall of the client
+    only ever lengthens a run, so one stalled repeat moves the mean and widens the interval by a host effect.
+    The attempt kept is the least disturbed one, chosen by the client's stall and never by the figures. A
+    run cut short (the server died, the user stopped) is kept as it is: the series ends there.
+    """
+    attempts = [await make()]
+    while attempts[-1].disturbed and not attempts[-1].partial and len(attempts) <= MAX_REDOS:
+        reporter.update(f"{what} again: {attempts[-1].disturbance}", fraction=0.0)
+        attempts.append(await make())
+    last = attempts[-1]
+    kept = last if last.partial else min(attempts, key=lambda r: r.client_stall_s or 0.0)
+    redone.extend(r for r in attempts if r is not kept)
+    return kept
 
 
 def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:

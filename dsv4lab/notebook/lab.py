@@ -616,7 +616,7 @@ class Lab:
                 server = ready(start(config, name))
                 runs.append(server.bench(concurrency, repeats=repeats, label=label, **kw))
                 server.stop(grace_s=10.0)
-            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), arms[0], arms[1])
+            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), arms[0], arms[1], runs[0].redone + runs[1].redone)
         except KeyboardInterrupt as exc:
             interrupted = True
             raise _compare_stopped(exc, arms, runs, begun) from None
@@ -818,7 +818,8 @@ def _compare_stopped(
     if not isinstance(partial, bench.ABRuns):  # one arm after the other, or stopped while a server started
         arms = [*runs, *([partial] if isinstance(partial, bench.BenchRuns) else [])]
         a, b = (tuple(arms[i]) if i < len(arms) else () for i in (0, 1))
-        partial = bench.ABRuns(a, b, names[0], names[1]) if arms else None
+        redone = tuple(r for arm in arms for r in arm.redone)
+        partial = bench.ABRuns(a, b, names[0], names[1], redone) if arms else None
     return Interrupted(
         f"comparison {names[1]} vs {names[0]}",
         partial,
