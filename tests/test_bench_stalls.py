@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
+import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -118,42 +121,60 @@ def test_a_redo_cut_short_ends_the_series_with_the_cut_run() -> None:
 
 
 class StallOnce(Progress):
-    """A progress line that, when the first measured request of the first run has finished (the rest are in
-    flight), keeps the client's event loop from running for :data:`STALL_S`: a stall of the client only."""
+    """A progress line that, when ``at`` measured requests of the first run have finished (the rest are in
+    flight), calls ``stall`` once."""
 
-    def __init__(self) -> None:
+    def __init__(self, stall: Callable[[], None], at: int = 1) -> None:
         super().__init__("stall once", enabled=False)
+        self.stall = stall
+        self.at = at
         self.stalled = False
         self.lines: list[str] = []
 
     def update(self, status: str | None = None, *, fraction: float | None = None, detail: str | None = None) -> None:
         if status is not None:
             self.lines.append(status)
-        if not self.stalled and detail is not None and detail.startswith("1/"):
+        if not self.stalled and detail is not None and detail.startswith(f"{self.at}/"):
             self.stalled = True
-            time.sleep(STALL_S)
+            self.stall()
         super().update(status, fraction=fraction, detail=detail)
 
 
+def stall_the_client() -> None:
+    """Keep the client's event loop from running: a stall of the client's whole thread, the server unaffected."""
+    time.sleep(STALL_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class Twin:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def stall(self) -> None:
+        """Stop the twin's process for :data:`STALL_S` without holding up the client (it resumes by a timer)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        threading.Timer(STALL_S, self.proc.send_signal, (signal.SIGCONT,)).start()
+
+
 @pytest.fixture(scope="module")
-def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twin]:
     tmp = tmp_path_factory.mktemp("stall-twin")
     port = free_port()
     argv = [*TINY, "--port", str(port)]
     with running_twin(argv, twin_env(tmp, DSV4LAB_TWIN_TIME_SCALE="0.05"), tmp / "server.log") as proc:
         wait_healthy(port, proc)
-        yield f"http://127.0.0.1:{port}"
+        yield Twin(f"http://127.0.0.1:{port}", proc)
 
 
 WORKLOAD = random_workload(8, 64, 48, seed=3)
 
 
 @pytest.mark.slow
-def test_a_sweep_makes_the_run_the_client_stalled_in_again(twin: str, tmp_path: Path) -> None:
-    progress = StallOnce()
+def test_a_sweep_makes_the_run_the_client_stalled_in_again(twin: Twin, tmp_path: Path) -> None:
+    progress = StallOnce(stall_the_client)
     store = tmp_path / "store"
     runs = asyncio.run(
-        sweep_async(twin, WORKLOAD, [4], repeats=2, load=LoadSpec(warmup=0), progress=progress, store=str(store))
+        sweep_async(twin.url, WORKLOAD, [4], repeats=2, load=LoadSpec(warmup=0), progress=progress, store=str(store))
     )
     assert progress.stalled
     assert [r.repeat for r in runs] == [0, 1] and not runs.partial
@@ -170,11 +191,29 @@ def test_a_sweep_makes_the_run_the_client_stalled_in_again(twin: str, tmp_path: 
 
 
 @pytest.mark.slow
-def test_an_ab_makes_the_run_the_client_stalled_in_again_and_compares_the_others(twin: str) -> None:
-    progress = StallOnce()
-    runs = asyncio.run(run_ab_async(twin, twin, WORKLOAD, [4], repeats=1, load=LoadSpec(warmup=0), progress=progress))
+def test_an_ab_makes_the_run_the_client_stalled_in_again_and_compares_the_others(twin: Twin) -> None:
+    progress = StallOnce(stall_the_client)
+    runs = asyncio.run(
+        run_ab_async(twin.url, twin.url, WORKLOAD, [4], repeats=1, load=LoadSpec(warmup=0), progress=progress)
+    )
     assert len(runs.a) == len(runs.b) == 1
     (stalled,) = runs.redone
     assert stalled.label == "A" and stalled.disturbed
     assert runs.a[0].id != stalled.id and not runs.a[0].disturbed
     assert "made again" in runs._repr_html_()
+
+
+@pytest.mark.slow
+def test_a_sweep_makes_the_run_the_twin_stalled_at_its_end_again(twin: Twin) -> None:
+    """The twin catches up a stall in the middle of a run, but one over its last request's end lengthens the run:
+    the twin's own count of late steps (``/server_info``) says so, and the run is made again."""
+    # Four requests of 1,000-4,000 output tokens (about 0.5 s here): when three have ended, the last one decodes on.
+    workload = random_workload(4, 64, 4000, range_ratio=0.25, seed=3)
+    progress = StallOnce(twin.stall, at=3)
+    runs = asyncio.run(sweep_async(twin.url, workload, [4], repeats=1, load=LoadSpec(warmup=0), progress=progress))
+    assert progress.stalled and len(runs) == 1
+    (stalled,) = runs.redone
+    assert stalled.twin_stall_s is not None and stalled.twin_stall_s >= STALL_S / 2
+    assert stalled.client_stall_s is not None and stalled.client_stall_s < STALL_S / 2  # the client ran on
+    assert stalled.disturbance is not None and "the twin's process stood still for" in stalled.disturbance
+    assert runs[0].twin_stall_s is not None and not runs[0].disturbed

@@ -181,19 +181,30 @@ class BenchResult:
     #: The longest the client's own event loop stood still during the measured requests, in seconds of the
     #: client host's clock (see :mod:`dsv4lab.bench.stalls`); None where not measured (other clients' runs).
     client_stall_s: float | None = None
+    #: Against the twin: how long the twin's process stood still during the run, its steps ending late (host
+    #: clock s, from its ``/server_info`` before and after); None for a real server, whose stalls are measured.
+    twin_stall_s: float | None = None
+
+    def _stalls(self) -> list[tuple[str, float]]:
+        named = (("the client itself", self.client_stall_s), ("the twin's process", self.twin_stall_s))
+        return [(who, s) for who, s in named if s is not None]
+
+    @property
+    def stall_s(self) -> float:
+        """The longer of the run's two stalls (client, twin), 0.0 where neither was measured."""
+        return max((s for _, s in self._stalls()), default=0.0)
 
     @property
     def disturbed(self) -> bool:
-        """The client stood still for a sizeable share of the run: it measured the client's host, not the
-        server (a sweep or an A/B makes such a run again)."""
-        return disturbed(self.client_stall_s, self.summary.duration_s)
+        """The client (or the twin's process) stood still for a sizeable share of the run: it measured the
+        host, not the server (a sweep or an A/B makes such a run again)."""
+        return any(disturbed(s, self.summary.duration_s) for _, s in self._stalls())
 
     @property
     def disturbance(self) -> str | None:
         """Why the run is :attr:`disturbed`, in words; None when it is not."""
-        if not self.disturbed or self.client_stall_s is None:
-            return None
-        return stall_text(self.client_stall_s, self.summary.duration_s)
+        d = self.summary.duration_s
+        return "; ".join(stall_text(s, d, who) for who, s in self._stalls() if disturbed(s, d)) or None
 
     @property
     def ttft_clock(self) -> str:
@@ -340,6 +351,7 @@ class BenchResult:
             "interrupted": self.interrupted,
             "outcome": self.outcome,
             "client_stall_s": self.client_stall_s,
+            "twin_stall_s": self.twin_stall_s,
             **self._headline(s),
         }
         for name in _LATENCIES:
@@ -394,6 +406,7 @@ class BenchResult:
                 "abort_reason": self.abort_reason,
                 "diagnosis": self.diagnosis,
                 "client_stall_s": self.client_stall_s,
+                "twin_stall_s": self.twin_stall_s,
                 **self._headline(),
                 "output_tokens_from_server": s.output_tokens_from_server,
                 "goodput": s.goodput,
@@ -440,6 +453,7 @@ class BenchResult:
             "interrupted": self.interrupted,
             "profile": self.profile,
             "client_stall_s": self.client_stall_s,
+            "twin_stall_s": self.twin_stall_s,
             "summary": self.summary.to_dict(),
             "provenance": self.provenance.to_dict(),
             "requests": requests,
@@ -468,6 +482,7 @@ class BenchResult:
             interrupted=bool(data.get("interrupted", False)),
             profile=data.get("profile"),
             client_stall_s=data.get("client_stall_s"),
+            twin_stall_s=data.get("twin_stall_s"),
         )
 
     def __repr__(self) -> str:
@@ -659,7 +674,7 @@ def redone_note(redone: Sequence[BenchResult]) -> str:
     why = "; ".join(f"{r.label or 'run'} c={r.concurrency} repeat {r.repeat + 1}: {r.disturbance}" for r in redone)
     return hv.p(
         f"{plural(len(redone), 'run')} made again and left out of the figures ({why}). "
-        "A stall of the client lengthens the run it falls in without the server being slower; "
+        "A stall of the host lengthens the run it falls in without the server being slower; "
         "the runs are kept in .redone."
     )
 

@@ -45,7 +45,7 @@ from dsv4lab.bench.serverinfo import (
     stop_profile_later,
     stop_profile_quietly,
 )
-from dsv4lab.bench.stalls import StallWatch
+from dsv4lab.bench.stalls import StallWatch, twin_stalled_s
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.tokens import fit_workload
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
@@ -284,6 +284,7 @@ async def run_async(
     provenance, info, model, workload = await _describe(
         endpoint, workload, load, options, server, headers, info_timeout_s
     )
+    twin_stalled_before = twin_stalled_s(info) if server.info is None else None
     pool = ConnectionPool(endpoint, connect_timeout_s=options.connect_timeout_s)
     state = _Run(endpoint, options, pool)
     specs = list(workload.requests)
@@ -300,8 +301,11 @@ async def run_async(
     profile_answer = await steps.stop_profiler()
     dead = state.abort.is_set() and not state.interrupted
     diagnosis = await _diagnose(on_server_death, diagnosis_timeout_s) if dead else None
+    twin_stalled_after = None
     if server.info is None and not state.abort.is_set():  # the accept length of *this* run, as bench_serving reads it
-        info = await server_info(endpoint.url, timeout_s=info_timeout_s, headers=headers) or info
+        after = await server_info(endpoint.url, timeout_s=info_timeout_s, headers=headers)
+        info = after or info
+        twin_stalled_after = twin_stalled_s(after)
     result = BenchResult(
         summary=summarize(records, duration, slo=slo, accept_length=_accept_length(info), itl_unit=options.itl_unit),
         requests=records_frame(records, itl_unit=options.itl_unit),
@@ -317,6 +321,11 @@ async def run_async(
         interrupted=state.interrupted,
         profile=profile_answer,
         client_stall_s=steps.stalls.longest_s if steps.stalls is not None else None,
+        twin_stall_s=(
+            max(0.0, twin_stalled_after - twin_stalled_before)
+            if twin_stalled_before is not None and twin_stalled_after is not None
+            else None
+        ),
     )
     if store is not None:
         (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
@@ -636,7 +645,7 @@ MAX_REDOS = 2
 async def undisturbed_run(
     make: Callable[[], Coroutine[Any, Any, BenchResult]], reporter: Progress, what: str, redone: list[BenchResult]
 ) -> BenchResult:
-    """One run of a series, made again while the client stood still through a sizeable share of it
+    """One run of a series, made again while the client (or the twin) stood still through a sizeable share of it
     (:attr:`BenchResult.disturbed`), at most :data:`MAX_REDOS` times; the attempts not kept go to ``redone``.
 
     Why again rather than keep it: a series exists to be averaged and compared, and a stall of the client
@@ -649,7 +658,7 @@ async def undisturbed_run(
         reporter.update(f"{what} again: {attempts[-1].disturbance}", fraction=0.0)
         attempts.append(await make())
     last = attempts[-1]
-    kept = last if last.partial else min(attempts, key=lambda r: r.client_stall_s or 0.0)
+    kept = last if last.partial else min(attempts, key=lambda r: r.stall_s)
     redone.extend(r for r in attempts if r is not kept)
     return kept
 

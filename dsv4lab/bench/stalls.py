@@ -13,15 +13,19 @@ A heartbeat task wakes every :data:`HEARTBEAT_S` and records how late it woke. A
 client from reacting to a byte shows up as lateness: the process not being scheduled, and an event loop too
 busy to keep up with its streams. The longest lateness of a run is its ``client_stall_s``; a run where it
 is a sizeable share of the duration is :func:`disturbed`, and the repeating loops (a sweep, an A/B) make
-that run again rather than feed it to the statistics.
+that run again rather than feed it to the statistics. Against the twin the same holds for the twin's own
+process (:func:`twin_stalled_s`): it catches up a stall in the middle of a run, but not one that covers the
+run's last step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["HEARTBEAT_S", "STALL_FLOOR_S", "STALL_SHARE", "StallWatch", "disturbed", "stall_text"]
+__all__ = ["HEARTBEAT_S", "STALL_FLOOR_S", "STALL_SHARE", "StallWatch", "disturbed", "stall_text", "twin_stalled_s"]
 
 #: How often the heartbeat wakes. Each wake costs a few microseconds of the loop that reads the streams.
 HEARTBEAT_S = 0.02
@@ -32,6 +36,17 @@ STALL_SHARE = 0.05
 STALL_FLOOR_S = 0.1
 
 
+def twin_stalled_s(info: Mapping[str, Any] | None) -> float | None:
+    """The twin's running total of host stalls that made its steps end late (``twin.stalled_s`` in its
+    ``/server_info``); None for any other server. A run's share is the difference across the run.
+
+    Only the twin's: its durations are scaled, so a stall of its process is an artefact of the host that the
+    scaling magnifies, while a real engine's stall is part of what a benchmark of it measures."""
+    twin = (info or {}).get("twin")
+    value = twin.get("stalled_s") if isinstance(twin, Mapping) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def disturbed(stall_s: float | None, duration_s: float) -> bool:
     """Whether a run whose client stood still for ``stall_s`` (None: not measured) over ``duration_s``
     seconds of the same clock measured the client rather than the server."""
@@ -40,10 +55,10 @@ def disturbed(stall_s: float | None, duration_s: float) -> bool:
     return stall_s > max(STALL_FLOOR_S, STALL_SHARE * duration_s)
 
 
-def stall_text(stall_s: float, duration_s: float) -> str:
-    """The disturbance in a reader's words (the wall clock of the client's host, which is what stalled)."""
+def stall_text(stall_s: float, duration_s: float, who: str = "the client itself") -> str:
+    """The disturbance in a reader's words (on the wall clock of the host, which is what stalled)."""
     share = stall_s / duration_s if duration_s > 0 else 0.0
-    return f"the client itself stood still for {stall_s:.2f} s of a {duration_s:.2f}-s run ({share:.0%}, host clock)"
+    return f"{who} stood still for {stall_s:.2f} s of a {duration_s:.2f}-s run ({share:.0%}, host clock)"
 
 
 class StallWatch:
