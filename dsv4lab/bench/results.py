@@ -602,7 +602,7 @@ class BenchRuns(Sequence[BenchResult]):
 
     def __init__(self, runs: Sequence[BenchResult] = (), *, redone: Sequence[BenchResult] = ()) -> None:
         self._runs: tuple[BenchResult, ...] = tuple(runs)
-        #: Runs that were made again because the client stood still through them (:attr:`BenchResult.disturbed`):
+        #: Runs made again because the client (or the twin) stood still through them (:attr:`BenchResult.disturbed`):
         #: kept for the record, left out of the sequence and its statistics.
         self.redone: tuple[BenchResult, ...] = tuple(redone)
 
@@ -666,7 +666,7 @@ class BenchRuns(Sequence[BenchResult]):
 
 
 def redone_note(redone: Sequence[BenchResult]) -> str:
-    """A paragraph naming the runs made again because the client stood still through them; empty for none."""
+    """A paragraph naming the runs made again because the host stalled through them, and why; empty for none."""
     from dsv4lab import htmlview as hv
 
     if not redone:

@@ -648,9 +648,9 @@ async def undisturbed_run(
     """One run of a series, made again while the client (or the twin) stood still through a sizeable share of it
     (:attr:`BenchResult.disturbed`), at most :data:`MAX_REDOS` times; the attempts not kept go to ``redone``.
 
-    Why again rather than keep it: a series exists to be averaged and compared, and a stall of the client
+    Why again rather than keep it: a series exists to be averaged and compared, and a stall of the host
     only ever lengthens a run, so one stalled repeat moves the mean and widens the interval by a host effect.
-    The attempt kept is the least disturbed one, chosen by the client's stall and never by the figures. A
+    The attempt kept is the least disturbed one, chosen by the stall and never by the figures. A
     run cut short (the server died, the user stopped) is kept as it is: the series ends there.
     """
     attempts = [await make()]
