@@ -185,7 +185,9 @@ def test_a_sweep_makes_the_run_the_client_stalled_in_again(twin: Twin, tmp_path:
     assert stalled.disturbed and all(not r.disturbed for r in runs)
     assert all(r.client_stall_s is not None and r.client_stall_s < STALL_S for r in runs)
     assert any("run 1/2: c=4 repeat 1 again: the client itself stood still for" in line for line in progress.lines)
-    assert "made again and left out of the figures" in runs._repr_html_()
+    assert (
+        "Made again and left out of the figures: run c=4 repeat 1, where the client itself stood" in runs._repr_html_()
+    )
     # The store is the record of every run made, the stalled one included.
     assert {r.id for r in ResultStore(store).load(strict=True)} == {stalled.id, *(r.id for r in runs)}
 
@@ -200,18 +202,22 @@ def test_an_ab_makes_the_run_the_client_stalled_in_again_and_compares_the_others
     (stalled,) = runs.redone
     assert stalled.label == "A" and stalled.disturbed
     assert runs.a[0].id != stalled.id and not runs.a[0].disturbed
-    assert "made again" in runs._repr_html_()
+    assert "Made again and left out of the figures: A c=4 repeat 1, where" in runs._repr_html_()
 
 
 @pytest.mark.slow
 def test_a_sweep_makes_the_run_the_twin_stalled_at_its_end_again(twin: Twin) -> None:
     """The twin catches up a stall in the middle of a run, but one over its last request's end lengthens the run:
     the twin's own count of late steps (``/server_info``) says so, and the run is made again."""
-    # Four requests of 1,000-4,000 output tokens (about 0.5 s here): when three have ended, the last one decodes on.
-    workload = random_workload(4, 64, 4000, range_ratio=0.25, seed=3)
+    # Three requests of 50 output tokens and one of 5,000 (about 0.6 s here): when three have ended, the last
+    # one has most of its tokens to go.
+    short = random_workload(4, 64, 50, seed=3)
+    last = dataclasses.replace(short.requests[-1], output_len=5000)
+    workload = dataclasses.replace(short, requests=(*short.requests[:-1], last))
     progress = StallOnce(twin.stall, at=3)
     runs = asyncio.run(sweep_async(twin.url, workload, [4], repeats=1, load=LoadSpec(warmup=0), progress=progress))
     assert progress.stalled and len(runs) == 1
+    assert len(runs.redone) == 1, {k: v for k, v in runs[0].flat().items() if "stall" in k or k == "duration_s"}
     (stalled,) = runs.redone
     assert stalled.twin_stall_s is not None and stalled.twin_stall_s >= STALL_S / 2
     assert stalled.client_stall_s is not None and stalled.client_stall_s < STALL_S / 2  # the client ran on

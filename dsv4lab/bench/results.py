@@ -671,11 +671,13 @@ def redone_note(redone: Sequence[BenchResult]) -> str:
 
     if not redone:
         return ""
-    why = "; ".join(f"{r.label or 'run'} c={r.concurrency} repeat {r.repeat + 1}: {r.disturbance}" for r in redone)
+    why = "; ".join(
+        f"{r.label or 'run'} c={r.concurrency} repeat {r.repeat + 1}, where {r.disturbance}" for r in redone
+    )
+    kept = "it is" if len(redone) == 1 else "they are"
     return hv.p(
-        f"{plural(len(redone), 'run')} made again and left out of the figures ({why}). "
-        "A stall of the host lengthens the run it falls in without the server being slower; "
-        "the runs are kept in .redone."
+        f"Made again and left out of the figures: {why}. A stall of the host lengthens the run it falls in "
+        f"without the server being slower; {kept} kept in .redone."
     )
 
 
