@@ -405,9 +405,12 @@ def _loop(render: Callable[[], str], interval_s: float) -> int:
             sys.stdout.flush()
             next_at += interval_s
             delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind (a busy machine): skip the missed ticks rather than burst
-                next_at = time.monotonic()
-                delay = 0.0
+            if delay < 0:
+                # Fell behind (a busy machine): skip the missed ticks rather than burst. The next sample is a
+                # whole interval after this late one, not at once: two samples a fraction of a millisecond
+                # apart printed the same timestamp (CI run 38), which no reader of a time series expects.
+                next_at = time.monotonic() + interval_s
+                delay = interval_s
             time.sleep(delay)
     except (BrokenPipeError, KeyboardInterrupt):
         with contextlib.suppress(OSError):
