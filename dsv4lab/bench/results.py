@@ -178,33 +178,24 @@ class BenchResult:
     interrupted: bool = False
     #: With ``profile=True``: the server's answer to ``/stop_profile`` (SGLang names the trace there).
     profile: str | None = None
-    #: The longest the client's own event loop stood still during the measured requests, in seconds of the
-    #: client host's clock (see :mod:`dsv4lab.bench.stalls`); None where not measured (other clients' runs).
+    #: The longest the client's own event loop stood still at the run's start (sending the first requests) or
+    #: its end (reading the last bytes), where a stall lengthens the run: seconds of the client host's clock
+    #: (see :mod:`dsv4lab.bench.stalls`); None where not measured (other clients' runs).
     client_stall_s: float | None = None
-    #: Against the twin: how long the twin's process stood still during the run, its steps ending late (host
-    #: clock s, from its ``/server_info`` before and after); None for a real server, whose stalls are measured.
-    twin_stall_s: float | None = None
-
-    def _stalls(self) -> list[tuple[str, float]]:
-        named = (("the client itself", self.client_stall_s), ("the twin's process", self.twin_stall_s))
-        return [(who, s) for who, s in named if s is not None]
-
-    @property
-    def stall_s(self) -> float:
-        """The longer of the run's two stalls (client, twin), 0.0 where neither was measured."""
-        return max((s for _, s in self._stalls()), default=0.0)
 
     @property
     def disturbed(self) -> bool:
-        """The client (or the twin's process) stood still for a sizeable share of the run: it measured the
-        host, not the server (a sweep or an A/B makes such a run again)."""
-        return any(disturbed(s, self.summary.duration_s) for _, s in self._stalls())
+        """The client stood still at the run's edge for a sizeable share of it: the run measured the client's
+        host as well as the server (against the twin, a sweep or an A/B makes such a run again; against a real
+        server its table's status says so)."""
+        return disturbed(self.client_stall_s, self.summary.duration_s)
 
     @property
     def disturbance(self) -> str | None:
         """Why the run is :attr:`disturbed`, in words; None when it is not."""
-        d = self.summary.duration_s
-        return "; ".join(stall_text(s, d, who) for who, s in self._stalls() if disturbed(s, d)) or None
+        if self.client_stall_s is None or not self.disturbed:
+            return None
+        return stall_text(self.client_stall_s, self.summary.duration_s)
 
     @property
     def ttft_clock(self) -> str:
@@ -351,7 +342,6 @@ class BenchResult:
             "interrupted": self.interrupted,
             "outcome": self.outcome,
             "client_stall_s": self.client_stall_s,
-            "twin_stall_s": self.twin_stall_s,
             **self._headline(s),
         }
         for name in _LATENCIES:
@@ -406,7 +396,6 @@ class BenchResult:
                 "abort_reason": self.abort_reason,
                 "diagnosis": self.diagnosis,
                 "client_stall_s": self.client_stall_s,
-                "twin_stall_s": self.twin_stall_s,
                 **self._headline(),
                 "output_tokens_from_server": s.output_tokens_from_server,
                 "goodput": s.goodput,
@@ -453,7 +442,6 @@ class BenchResult:
             "interrupted": self.interrupted,
             "profile": self.profile,
             "client_stall_s": self.client_stall_s,
-            "twin_stall_s": self.twin_stall_s,
             "summary": self.summary.to_dict(),
             "provenance": self.provenance.to_dict(),
             "requests": requests,
@@ -482,7 +470,6 @@ class BenchResult:
             interrupted=bool(data.get("interrupted", False)),
             profile=data.get("profile"),
             client_stall_s=data.get("client_stall_s"),
-            twin_stall_s=data.get("twin_stall_s"),
         )
 
     def __repr__(self) -> str:
@@ -602,7 +589,7 @@ class BenchRuns(Sequence[BenchResult]):
 
     def __init__(self, runs: Sequence[BenchResult] = (), *, redone: Sequence[BenchResult] = ()) -> None:
         self._runs: tuple[BenchResult, ...] = tuple(runs)
-        #: Runs made again because the client (or the twin) stood still through them (:attr:`BenchResult.disturbed`):
+        #: Runs made again because the client stood still at their edge (:attr:`BenchResult.disturbed`):
         #: kept for the record, left out of the sequence and its statistics.
         self.redone: tuple[BenchResult, ...] = tuple(redone)
 
@@ -666,7 +653,7 @@ class BenchRuns(Sequence[BenchResult]):
 
 
 def redone_note(redone: Sequence[BenchResult]) -> str:
-    """A paragraph naming the runs made again because the host stalled through them, and why; empty for none."""
+    """A paragraph naming the runs made again because the client stalled at their edge, and why; empty for none."""
     from dsv4lab import htmlview as hv
 
     if not redone:
@@ -676,8 +663,8 @@ def redone_note(redone: Sequence[BenchResult]) -> str:
     )
     kept = "it is" if len(redone) == 1 else "they are"
     return hv.p(
-        f"Made again and left out of the figures: {why}. A stall of the host lengthens the run it falls in "
-        f"without the server being slower; {kept} kept in .redone."
+        f"Made again and left out of the figures: {why}. A stall of the client at a run's start or end "
+        f"lengthens the run without the server being slower; {kept} kept in .redone."
     )
 
 
@@ -689,6 +676,7 @@ def _run_status(r: BenchResult) -> str:
         return "PARTIAL: " + (r.abort_reason or "")
     if r.summary.completed == 0:
         return f"FAILED: {r.failure}"
+    flag = f" (client stalled {r.client_stall_s:.2f} s at the run's edge)" if r.disturbed and r.client_stall_s else ""
     if r.summary.failed or r.summary.incomplete:
-        return f"ok, {r.summary.failed + r.summary.incomplete} failed"
-    return "ok"
+        return f"ok, {r.summary.failed + r.summary.incomplete} failed{flag}"
+    return "ok" + flag

@@ -212,7 +212,7 @@ def _server_info_data(state: ServerState) -> dict[str, Any]:
         max_req_input_len=state.context_len - 1,
         internal_states=[internal],
         version=state.release.version,
-        twin={**state.twin, "behind_s_max": round(s.stats.behind_s_max, 3), "stalled_s": round(s.stats.stalled_s, 3)},
+        twin={**state.twin, "behind_s_max": round(s.stats.behind_s_max, 3)},
     )
     if state.release.key >= _V0_5_23:
         data.update(startup_time=state.started_at, frontend="http")

@@ -36,9 +36,6 @@ _ids = itertools.count(1)
 #: how a lever A/B measured +63% for a +6% lever. Behind by more than this (a suspended laptop, a time scale
 #: so small that the loop is processing-bound) it restarts from now rather than bursting.
 MAX_CATCH_UP_S = 5.0
-#: A step that ends this much later than its modelled end (wall s) beyond the step before it was stalled by the
-#: host; less is the event loop's ordinary wake-up lateness.
-STALL_SLACK_S = 0.02
 
 
 class TokenChannel:
@@ -129,10 +126,6 @@ class Stats:
     last_cuda_graph: bool = True
     #: The furthest (s of wall time) the loop has been behind its modelled clock: how much the host stalled it.
     behind_s_max: float = 0.0
-    #: Every stall of the host that made a step end late, added up (s of wall time; catching up is not
-    #: subtracted): a benchmark compares it before and after its run, since a stall that covers a run's last
-    #: step lengthens the run and no catching up can undo that.
-    stalled_s: float = 0.0
 
     @property
     def avg_spec_accept_length(self) -> float:
@@ -172,7 +165,6 @@ class Scheduler:
         self._since_log_verify = 0
         self.spec = timing.speculative is not None
         self._last_end: float | None = None
-        self._late = 0.0
 
     # -- public ------------------------------------------------------------------------------------------
 
@@ -209,7 +201,6 @@ class Scheduler:
             if not self.waiting and not self.running:
                 self._wake.clear()
                 self._last_end = None
-                self._late = 0.0
                 await self._wake.wait()
                 continue
             now = loop.time()
@@ -238,7 +229,6 @@ class Scheduler:
                 duration = modelled * self.drift.factor(modelled) * self.scale
                 self._last_end = start + duration
                 await asyncio.sleep(max(0.0, start + duration - loop.time()))
-                self._note_lateness(loop.time() - (start + duration))
                 self._finish_prefill(batch, duration)
                 self.stats.busy_s += duration
                 if self.on_step:
@@ -248,19 +238,10 @@ class Scheduler:
             duration = cost.total_s * self.drift.factor(cost.total_s) * self.scale
             self._last_end = start + duration
             await asyncio.sleep(max(0.0, start + duration - loop.time()))
-            self._note_lateness(loop.time() - (start + duration))
             self._advance(duration)
             self.stats.busy_s += duration
             if self.on_step:
                 self.on_step(start, cost, duration)
-
-    def _note_lateness(self, late: float) -> None:
-        """Add a step's new lateness to ``stalled_s``: only what it grew by since the step before, so the
-        steps that catch up after one stall (each still late, each less so) do not count it again."""
-        late = max(0.0, late)
-        if late - self._late > STALL_SLACK_S:
-            self.stats.stalled_s += late - self._late
-        self._late = late
 
     def _drop_aborted(self) -> None:
         if any(r.aborted for r in self.running):
