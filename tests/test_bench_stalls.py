@@ -232,17 +232,3 @@ def test_an_ab_makes_the_run_the_client_stalled_at_the_start_of_again_and_compar
     assert stalled.label == "A" and stalled.disturbed
     assert runs.a[0].id != stalled.id and not runs.a[0].disturbed
     assert "Made again and left out of the figures: A c=4 repeat 1, where" in runs._repr_html_()
-
-
-@pytest.mark.slow
-def test_a_stall_in_the_middle_of_a_run_is_not_a_reason_to_make_it_again(twin: Twin) -> None:
-    # Three requests of 1,500 output tokens and one of 20,000 (the three end after about 0.5 s here, the last
-    # after about 2 s): the client's stall when three have ended is over long before the twin's work is.
-    short = random_workload(4, 64, 1500, seed=3)
-    last = dataclasses.replace(short.requests[-1], output_len=20000)
-    workload = dataclasses.replace(short, requests=(*short.requests[:-1], last))
-    progress = StallOnce(lambda: time.sleep(0.25), at=3)
-    runs = asyncio.run(sweep_async(twin.url, workload, [4], repeats=1, load=LoadSpec(warmup=0), progress=progress))
-    assert progress.stalled and len(runs) == 1
-    assert not runs.redone, [(r.client_stall_s, r.summary.duration_s) for r in runs.redone]
-    assert runs[0].client_stall_s is not None and runs[0].client_stall_s < 0.25 and not runs[0].disturbed
