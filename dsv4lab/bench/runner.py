@@ -293,9 +293,7 @@ async def run_async(
     try:
         records = await steps.measure(specs, payloads, profile, profile_output_dir, own_progress=own_progress)
     finally:
-        if watchdog is not None:
-            watchdog.cancel()
-            await asyncio.gather(watchdog, return_exceptions=True)
+        await _cancel_all([watchdog] if watchdog is not None else [])
     duration = _duration(records, state, steps.origin)
     profile_answer = await steps.stop_profiler()
     dead = state.abort.is_set() and not state.interrupted
