@@ -1,22 +1,16 @@
 """Clocks and units: the one rule every figure a person reads goes through.
 
-The twin runs every duration ``time_scale`` times as long as the hardware it models (0.02: fifty times
-faster), so what a client measures on it — tok/s, TTFT, a startup's length, a profile's kernel time — is
-on the *twin clock*. A reader wants the modelled hardware's figure: a twin that decodes 1,034 tok/s on its
-clock stands for 20.7 tok/s on eight RTX PRO 6000s. Mixing the two on one page made one config read 20.7
-and 1,034 tok/s a few lines apart, so the rule is:
+The twin keeps its own modelled time (:mod:`dsv4lab.twin.clock`): every chunk it streams, every log line and
+every profile says when it happened on the modelled hardware's timeline, and the lab reads its figures from
+those stamps. So a twin's figures are already the modelled hardware's, whether the twin ran in virtual time
+(``twin-virtual``: as fast as the host computes, the default) or paced on the wall clock at some pace
+(``twin-paced``); a real server's are what the client measured on the wall clock (``wall``). The rule:
 
 - every figure a person reads (progress lines, cards, tables, chart axes, narrative, the CLI, the
-  headline keys of ``results.json``) is on the :attr:`Clock.reading` clock: the modelled hardware on the
-  twin, the server's own clock on a real one;
-- a twin-clock value appears only in a column or key whose name says so (:data:`TWIN_CLOCK`);
-- the lab's own reaction times (how long after a fatal line the watcher said CRASHED) are wall-clock
-  seconds on this machine, the same on the twin and on hardware, and are labelled as such;
+  headline keys of ``results.json``) is on the :attr:`Clock.reading` clock, and a page says once which;
+- the lab's own reaction times (how long after a fatal line the watcher said CRASHED) and the host's lag
+  behind a twin are wall-clock seconds on this machine, and are labelled as such;
 - every number carries its unit (the ``fmt_*`` helpers below).
-
-Results keep what was measured (a benchmark's ``summary``, a watch's ``elapsed_s``) because that is the
-record; :class:`Clock` converts it for reading (``seconds``, ``rate``; a benchmark summary through
-:meth:`dsv4lab.bench.metrics.Summary.on_clock`, built on them), and nothing else converts anything.
 """
 
 from __future__ import annotations
@@ -24,13 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "REAL",
-    "TWIN_CLOCK",
     "WALL_CLOCK",
     "Clock",
+    "ClockKind",
     "fmt_gib",
     "fmt_ms",
     "fmt_pct",
@@ -38,58 +32,61 @@ __all__ = [
     "fmt_tok_s",
 ]
 
-#: The words that name a twin-clock column or key (``"output tok/s (twin clock)"``, ``..._twin_clock``).
-TWIN_CLOCK = "twin clock"
 #: How the lab's own reaction times are labelled.
 WALL_CLOCK = "wall clock"
+#: Which clock a server's figures are on.
+ClockKind = Literal["twin-virtual", "twin-paced", "wall"]
 
 
 @dataclass(frozen=True)
 class Clock:
-    """How figures measured on a server map to the figures a person reads.
+    """Which clock a server's figures are on: the twin's modelled time (virtual or paced at ``pace`` wall
+    seconds per modelled second) or the wall clock of a real server. ``hardware`` names the modelled
+    hardware profile in labels."""
 
-    ``time_scale`` is the twin's (durations there are ``time_scale`` x the modelled hardware's); ``None``
-    for a real server, whose figures are read as measured. ``hardware`` names the modelled hardware
-    profile in labels.
-    """
-
-    time_scale: float | None = None
+    kind: ClockKind = "wall"
+    pace: float | None = None
     hardware: str | None = None
 
     @classmethod
-    def twin(cls, time_scale: float, hardware: str | None = None) -> Clock:
-        if not (time_scale > 0 and math.isfinite(time_scale)):
-            raise ValueError(f"a twin's time scale must be a positive number, not {time_scale!r}")
-        return cls(float(time_scale), hardware)
+    def twin(cls, pace: float | None, hardware: str | None = None) -> Clock:
+        if pace is None:
+            return cls("twin-virtual", None, hardware)
+        if not (pace > 0 and math.isfinite(pace)):
+            raise ValueError(f"a twin's pace must be a positive number, not {pace!r}")
+        return cls("twin-paced", float(pace), hardware)
 
     @classmethod
     def from_twin_env(cls, env: Mapping[str, str] | None) -> Clock:
-        """The clock of a launch from its twin settings (``DSV4LAB_TWIN_TIME_SCALE``, ``..._HARDWARE``);
-        REAL when there are none (a real server)."""
-        if not env:
+        """The clock of a launch from its twin settings (``DSV4LAB_TWIN_PACE``, ``..._HARDWARE``); REAL when
+        there are none (a real server)."""
+        if env is None:
             return REAL
+        raw = (env.get("DSV4LAB_TWIN_PACE") or env.get("DSV4LAB_TWIN_TIME_SCALE") or "").strip()
         try:
-            scale = float(env.get("DSV4LAB_TWIN_TIME_SCALE", "1") or 1)
+            pace: float | None = float(raw) if raw else None
         except ValueError:
-            scale = 1.0
-        return cls.twin(scale if scale > 0 else 1.0, env.get("DSV4LAB_TWIN_HARDWARE") or None)
+            pace = None
+        pace = pace if pace is not None and pace > 0 and math.isfinite(pace) else None
+        return cls.twin(pace, env.get("DSV4LAB_TWIN_HARDWARE") or None)
 
     @classmethod
     def from_server_info(cls, info: Mapping[str, Any] | None) -> Clock:
-        """The clock of a server from its ``/server_info`` (the twin says it is one, with its scale)."""
+        """The clock of a server from its ``/server_info`` (the twin says it is one, and on which clock)."""
         twin = (info or {}).get("twin")
-        if isinstance(twin, Mapping):
-            value = twin.get("time_scale")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-                hardware = twin.get("hardware")
-                return cls.twin(float(value), str(hardware) if hardware else None)
-        return REAL
+        if not isinstance(twin, Mapping):
+            return REAL
+        hardware = str(twin["hardware"]) if twin.get("hardware") else None
+        pace = twin.get("pace")
+        if twin.get("clock") == "paced" and isinstance(pace, (int, float)) and not isinstance(pace, bool) and pace > 0:
+            return cls.twin(float(pace), hardware)
+        return cls.twin(None, hardware)
 
     # -- what it is -----------------------------------------------------------------------------------
 
     @property
     def is_twin(self) -> bool:
-        return self.time_scale is not None
+        return self.kind != "wall"
 
     @property
     def reading(self) -> str:
@@ -101,31 +98,32 @@ class Clock:
         """A short suffix for a label that must say its clock on its own (a progress line, a CLI line)."""
         return " (modelled)" if self.is_twin else ""
 
+    @property
+    def caption(self) -> str:
+        """A chart subtitle's words for a twin's clock (empty for a real server)."""
+        if not self.is_twin:
+            return ""
+        how = "in virtual time" if self.pace is None else f"paced at {self.pace:g}"
+        return f"twin run ({how}): times and rates on the modelled hardware's clock"
+
     def note(self) -> str:
         """The sentence a page carries once: which clock its figures are on."""
-        if self.time_scale is None:
+        if not self.is_twin:
             return "Figures as measured on the server."
         on = f" ({self.hardware})" if self.hardware else ""
-        speed = 1 / self.time_scale
-        pace = f"{speed:,.0f}x faster than" if speed >= 1 else f"{1 / speed:,.0f}x slower than"
+        how = (
+            "in virtual time, as fast as this machine could compute it"
+            if self.pace is None
+            else f"paced at {self.pace:g} wall seconds per modelled second"
+        )
         return (
-            f"Twin run: every time and rate is shown for the modelled hardware{on}; the twin ran {pace} it "
-            f"(time scale {self.time_scale:g}). Columns marked '{TWIN_CLOCK}' hold the twin's own measurements; "
-            f"reaction times of the lab itself are {WALL_CLOCK} seconds."
+            f"Twin run: every time and rate is the modelled hardware's{on}, read from the twin's own stamps; the "
+            f"twin ran {how}, so the figures do not depend on this machine. Reaction times of the lab itself "
+            f"are {WALL_CLOCK} seconds."
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reading": self.reading, "time_scale": self.time_scale, "hardware": self.hardware}
-
-    # -- conversions ----------------------------------------------------------------------------------
-
-    def seconds(self, measured_s: float) -> float:
-        """A duration measured on the server as the reader's seconds."""
-        return measured_s if self.time_scale is None else measured_s / self.time_scale
-
-    def rate(self, measured_per_s: float) -> float:
-        """A rate measured on the server (tok/s, req/s) as the reader's."""
-        return measured_per_s if self.time_scale is None else measured_per_s * self.time_scale
+        return {"reading": self.reading, "clock": self.kind, "pace": self.pace, "hardware": self.hardware}
 
 
 #: A real server's clock: figures as measured.

@@ -10,7 +10,6 @@ again, and pass both lists to :func:`~dsv4lab.bench.stats.compare`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import pandas as pd
 
 from dsv4lab.bench.client import ClientOptions
 from dsv4lab.bench.results import BenchResult, BenchRuns
-from dsv4lab.bench.runner import run_async, runs_after, undisturbed_run
+from dsv4lab.bench.runner import run_async, runs_after
 from dsv4lab.bench.stats import MIN_REPEATS, ABComparison, compare
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.workload import LoadSpec, Workload, parse_levels
@@ -49,9 +48,6 @@ class ABRuns:
     b: tuple[BenchResult, ...]
     label_a: str = "A"
     label_b: str = "B"
-    #: Runs made again because the client stood still at their edge (:attr:`BenchResult.disturbed`), in the
-    #: order they were made: kept for the record, left out of :meth:`compare`.
-    redone: tuple[BenchResult, ...] = ()
 
     @property
     def partial(self) -> bool:
@@ -92,7 +88,7 @@ class ABRuns:
             body = self.compare()._repr_html_()
         except BenchError as exc:  # too few repeats, or a partial run: show the runs and why
             body = hv.p(f"No verdict: {exc}")
-        runs = BenchRuns((*self.a, *self.b), redone=self.redone)._repr_html_()
+        runs = BenchRuns((*self.a, *self.b))._repr_html_()
         return body + runs
 
 
@@ -119,11 +115,9 @@ async def run_ab_async(
     """
     reporter = progress if isinstance(progress, Progress) else Progress(f"A/B {label_b} vs {label_a}", enabled=progress)
     runs: dict[Arm, list[BenchResult]] = {"A": [], "B": []}
-    redone: list[BenchResult] = []
     arms = _Arms(url_a, url_b, label_a, label_b)
     await _ab_into(
         runs,
-        redone,
         arms,
         workload,
         concurrencies,
@@ -135,7 +129,7 @@ async def run_ab_async(
         on_server_death,
         store,
     )
-    out = ABRuns(tuple(runs["A"]), tuple(runs["B"]), label_a, label_b, tuple(redone))
+    out = ABRuns(tuple(runs["A"]), tuple(runs["B"]), label_a, label_b)
     if not isinstance(progress, Progress):
         _finish(reporter, out)
     return out
@@ -151,7 +145,6 @@ class _Arms:
 
 async def _ab_into(
     runs: dict[Arm, list[BenchResult]],
-    redone: list[BenchResult],
     arms: _Arms,
     workload: Workload | Callable[[int], Workload],
     concurrencies: Sequence[int] | int | str,
@@ -163,8 +156,7 @@ async def _ab_into(
     on_server_death: Callable[[], object] | None,
     store: ResultStore | str | None,
 ) -> None:
-    """The A/B runs, appended to ``runs`` as each ends, so a stopped A/B keeps them (and each run made again
-    to ``redone``)."""
+    """The A/B runs, appended to ``runs`` as each ends, so a stopped A/B keeps them."""
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
     base = load or LoadSpec()
@@ -175,8 +167,7 @@ async def _ab_into(
         reporter.update(what, fraction=0.0)
         wl = workload(c) if callable(workload) else workload
 
-        make = functools.partial(
-            run_async,
+        result = await run_async(
             url,
             wl,
             dataclasses.replace(base, concurrency=c),
@@ -187,9 +178,8 @@ async def _ab_into(
             on_server_death=on_server_death,
             store=store,
         )
-        result = await undisturbed_run(make, reporter, what, redone)
         runs[arm].append(result)
-        reporter.kept = ABRuns(tuple(runs["A"]), tuple(runs["B"]), arms.label_a, arms.label_b, tuple(redone))
+        reporter.kept = ABRuns(tuple(runs["A"]), tuple(runs["B"]), arms.label_a, arms.label_b)
         if result.partial:
             return
 

@@ -242,9 +242,12 @@ class _Collector:
         "is_sse",
         "parser",
         "prompt_tokens",
+        "stamp",
         "stamp_every_choice",
+        "stamps",
         "status",
         "text_parts",
+        "twin_arrival",
     )
 
     def __init__(self, api: str, record_text: bool, stamp_chunks: str = "text") -> None:
@@ -265,6 +268,16 @@ class _Collector:
         self.text_parts: list[str] | None = [] if record_text else None
         self.gen_tokens = 0
         self.gen_text_len = 0
+        #: The twin's modelled stamps: of each timestamped chunk, and of the request's arrival.
+        self.stamps: list[float] = []
+        self.stamp: float | None = None
+        self.twin_arrival: float | None = None
+
+    def _chunk(self, t: float) -> None:
+        """A chunk that counts arrived at ``t`` (this machine's clock), stamped ``self.stamp`` by a twin."""
+        self.chunk_times.append(t)
+        if self.stamp is not None:
+            self.stamps.append(self.stamp)
 
     def on_head(self, status: int, headers: Mapping[str, str], t: float) -> None:
         self.status = status
@@ -302,6 +315,11 @@ class _Collector:
             return
         if not isinstance(obj, dict):
             return
+        stamp = obj.get("twin_t")
+        self.stamp = float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
+        arrival = obj.get("twin_arrival")
+        if isinstance(arrival, (int, float)) and not isinstance(arrival, bool):
+            self.twin_arrival = float(arrival)
         if obj.get("error") is not None or obj.get("object") == "error":
             self.error_code = _error_code(obj)
             message = _error_text(obj)
@@ -319,7 +337,7 @@ class _Collector:
             else:
                 text = c0.get("text")
             if text or self.stamp_every_choice:
-                self.chunk_times.append(t)
+                self._chunk(t)
             if text and self.text_parts is not None:
                 self.text_parts.append(text)
         usage = obj.get("usage")
@@ -334,13 +352,13 @@ class _Collector:
         if isinstance(tokens, int):
             new = tokens - self.gen_tokens
             if new > 0:
-                self.chunk_times.append(t)
+                self._chunk(t)
                 assert self.chunk_tokens is not None
                 self.chunk_tokens.append(new)
                 self.gen_tokens = tokens
             self.completion_tokens = tokens
         elif len(text) > self.gen_text_len:
-            self.chunk_times.append(t)
+            self._chunk(t)
         if self.text_parts is not None and len(text) > self.gen_text_len:
             self.text_parts.append(text[self.gen_text_len :])
         self.gen_text_len = max(self.gen_text_len, len(text))
@@ -361,6 +379,12 @@ def _record(
     failure: str,
 ) -> RequestRecord:
     times = tuple(x - start for x in c.chunk_times)
+    start_s, end_s = start - origin, time.perf_counter() - start
+    if c.twin_arrival is not None and c.stamps and len(c.stamps) == len(c.chunk_times):
+        # A twin said when each chunk was produced and when the request arrived, on its modelled clock: the
+        # figures are those, never this machine's reading of them (which holds the host's own stalls).
+        times = tuple(x - c.twin_arrival for x in c.stamps)
+        start_s, end_s = c.twin_arrival, times[-1]
     status: Status = "ok"
     error = ""
     if failure:
@@ -380,10 +404,10 @@ def _record(
         index=spec.index,
         status=status,
         scheduled_s=scheduled_s,
-        start_s=start - origin,
+        start_s=start_s,
         ttft_s=times[0] if times else None,
         e2e_s=times[-1] if times else None,
-        end_s=(time.perf_counter() - start),
+        end_s=end_s,
         chunk_times_s=times,
         chunk_tokens=tuple(c.chunk_tokens) if c.chunk_tokens is not None and c.chunk_tokens else None,
         prompt_tokens=int(c.prompt_tokens) if c.prompt_tokens is not None else spec.prompt_len,
@@ -396,18 +420,25 @@ def _record(
     )
 
 
-def _headers(options: ClientOptions) -> dict[str, str]:
+def _headers(options: ClientOptions, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     headers = dict(options.headers)
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
+    headers.update(extra or {})
     return headers
 
 
-def prepare(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model: str | None) -> bytes:
+def prepare(
+    endpoint: Endpoint,
+    spec: RequestSpec,
+    options: ClientOptions,
+    model: str | None,
+    extra_headers: Mapping[str, str] | None = None,
+) -> bytes:
     """The request bytes, built before the clock starts (``ttft_clock="send"``: JSON encoding is not the
-    server's time)."""
+    server's time). ``extra_headers``: the twin session's, which place the request in its run."""
     body = json.dumps(request_body(spec, options, model), separators=(",", ":")).encode()
-    return build_post(endpoint, ENDPOINTS[options.api], body, _headers(options))
+    return build_post(endpoint, ENDPOINTS[options.api], body, _headers(options, extra_headers))
 
 
 @dataclass(frozen=True)
@@ -420,9 +451,16 @@ class SessionRequest:
     headers: Mapping[str, str]
 
 
-def prepare_session(endpoint: Endpoint, spec: RequestSpec, options: ClientOptions, model: str | None) -> SessionRequest:
+def prepare_session(
+    endpoint: Endpoint,
+    spec: RequestSpec,
+    options: ClientOptions,
+    model: str | None,
+    extra_headers: Mapping[str, str] | None = None,
+) -> SessionRequest:
     """The :class:`SessionRequest` for ``spec`` (``bench_serving`` builds its payload dict before its clock too)."""
-    return SessionRequest(endpoint.url + ENDPOINTS[options.api], request_body(spec, options, model), _headers(options))
+    body = request_body(spec, options, model)
+    return SessionRequest(endpoint.url + ENDPOINTS[options.api], body, _headers(options, extra_headers))
 
 
 #: aiohttp's read buffer for session requests: bench_serving raises it from 64 KiB to 10 MiB, because a

@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
-
-from dsv4lab.units import Clock
 
 __all__ = [
     "SLO",
@@ -150,14 +148,6 @@ class Distribution:
     def to_dict(self) -> dict[str, Any]:
         return {"count": self.count, **{k: _json_float(getattr(self, k)) for k in _STATS}}
 
-    def on_clock(self, clock: Clock) -> Distribution:
-        """This latency distribution (ms) on ``clock``'s reading (the modelled hardware's for a twin);
-        the count unchanged."""
-        if not clock.is_twin:
-            return self
-        k = clock.seconds(1.0)
-        return replace(self, **{name: getattr(self, name) * k for name in _STATS})
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Distribution:
         return cls(int(data.get("count", 0)), *(_float(data.get(k)) for k in _STATS))
@@ -214,24 +204,6 @@ class Summary:
     good_requests: int | None = None
     slo: SLO | None = None
     accept_length: float | None = None
-
-    def on_clock(self, clock: Clock) -> Summary:
-        """This summary on ``clock``'s reading (:mod:`dsv4lab.units`): on the twin, durations and latencies
-        divided and rates multiplied by its time scale; counts, tokens and the accept length unchanged.
-        Goodput counts requests that met the SLO as measured; its rate is converted like the others."""
-        if not clock.is_twin:
-            return self
-        changes: dict[str, Any] = {"duration_s": clock.seconds(self.duration_s)}
-        for name in ("request_throughput", "input_throughput", "output_throughput", "total_throughput"):
-            changes[name] = clock.rate(getattr(self, name))
-        changes["peak_output_throughput"] = clock.rate(self.peak_output_throughput)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Distribution):
-                changes[f.name] = value.on_clock(clock)
-        if self.goodput is not None:
-            changes["goodput"] = clock.rate(self.goodput)
-        return replace(self, **changes)
 
     def _repr_html_(self) -> str:
         from dsv4lab import htmlview as hv

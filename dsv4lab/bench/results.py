@@ -23,12 +23,11 @@ import pandas as pd
 
 from dsv4lab.atomicfile import to_jsonable
 from dsv4lab.bench.metrics import Distribution, RequestRecord, Summary
-from dsv4lab.bench.stalls import disturbed, stall_text
 from dsv4lab.config import AnyConfig
 from dsv4lab.counts import plural
 from dsv4lab.hosts import Host
 from dsv4lab.resources import __version__
-from dsv4lab.units import TWIN_CLOCK, Clock, fmt_ms, fmt_s, fmt_tok_s
+from dsv4lab.units import WALL_CLOCK, Clock, fmt_ms, fmt_s, fmt_tok_s
 
 __all__ = [
     "BenchResult",
@@ -178,24 +177,19 @@ class BenchResult:
     interrupted: bool = False
     #: With ``profile=True``: the server's answer to ``/stop_profile`` (SGLang names the trace there).
     profile: str | None = None
-    #: The longest the client's own event loop stood still at the run's start (sending the first requests) or
-    #: its end (reading the last bytes), where a stall lengthens the run: seconds of the client host's clock
-    #: (see :mod:`dsv4lab.bench.stalls`); None where not measured (other clients' runs).
-    client_stall_s: float | None = None
+    #: Wall-clock seconds the client took over the measured requests, on this machine. Against a real server
+    #: that is the run's duration; against the twin, whose figures come from its stamps, it is only how long
+    #: the host took to compute the modelled run (:attr:`host_lag_s`).
+    wall_duration_s: float | None = None
 
     @property
-    def disturbed(self) -> bool:
-        """The client stood still at the run's edge for a sizeable share of it: the run measured the client's
-        host as well as the server (against the twin, a sweep or an A/B makes such a run again; against a real
-        server its table's status says so)."""
-        return disturbed(self.client_stall_s, self.summary.duration_s)
-
-    @property
-    def disturbance(self) -> str | None:
-        """Why the run is :attr:`disturbed`, in words; None when it is not."""
-        if self.client_stall_s is None or not self.disturbed:
+    def host_lag_s(self) -> float | None:
+        """Against the twin: wall seconds the host took beyond what the twin's pace asked for (in virtual
+        time, which asks for none, all of them); never part of a figure. None for a real server."""
+        clock = self.clock
+        if not clock.is_twin or self.wall_duration_s is None:
             return None
-        return stall_text(self.client_stall_s, self.summary.duration_s)
+        return max(0.0, self.wall_duration_s - (clock.pace or 0.0) * self.summary.duration_s)
 
     @property
     def ttft_clock(self) -> str:
@@ -241,12 +235,6 @@ class BenchResult:
             "itl": itl,
             "output_throughput": "output tokens of completed requests / benchmark duration",
         }
-
-    @property
-    def time_scale(self) -> float | None:
-        """The twin's time scale when the server was the twin (durations there are scale x the modelled
-        hardware's, so measured tok/s x scale is the modelled hardware's); None for a real server."""
-        return self.clock.time_scale
 
     @property
     def workload_text(self) -> str:
@@ -298,16 +286,15 @@ class BenchResult:
 
     @property
     def on_hardware(self) -> Summary:
-        """The summary a person reads: on the twin, converted to the modelled hardware; on a real server,
-        :attr:`summary` itself. ``summary`` stays what the client measured (the twin clock on the twin)."""
-        return self.summary.on_clock(self.clock)
+        """The summary a person reads: the modelled hardware's on the twin (from its stamps), the measured
+        one on a real server; both are :attr:`summary`."""
+        return self.summary
 
     def to_frame(self) -> pd.DataFrame:
         """One row of flat columns (the metrics a table or a chart wants), for ``pd.concat`` and plots.
 
-        Every figure is on the reader's clock (:attr:`on_hardware`: the modelled hardware on the twin); on the
-        twin, ``*_twin_clock`` columns beside them hold what the client measured on the twin's clock, and
-        ``clock`` says which is which.
+        Every figure is on the reader's clock (the modelled hardware on the twin); ``clock`` says which, and
+        on the twin ``host_lag_s`` how long this machine took beyond the pace.
         """
         frame: pd.DataFrame = pd.DataFrame([self.flat()])
         return frame
@@ -341,7 +328,7 @@ class BenchResult:
             "partial": self.partial,
             "interrupted": self.interrupted,
             "outcome": self.outcome,
-            "client_stall_s": self.client_stall_s,
+            "host_lag_s": self.host_lag_s,
             **self._headline(s),
         }
         for name in _LATENCIES:
@@ -354,14 +341,8 @@ class BenchResult:
         row["stamp_chunks"] = self.stamp_chunks
         clock = self.clock
         row["clock"] = clock.reading
-        row["time_scale"] = clock.time_scale
-        if clock.is_twin:
-            raw = self.summary
-            for name in ("duration_s", "request_throughput", "output_throughput", "peak_output_throughput"):
-                row[f"{name}_twin_clock"] = getattr(raw, name)
-            for name in _LATENCIES:
-                for stat in ("mean", "median", "p90", "p99"):
-                    row[f"{name}_{stat}_twin_clock"] = getattr(getattr(raw, name), stat)
+        row["clock_kind"] = clock.kind
+        row["pace"] = clock.pace
         row.update(
             engine=self.provenance.engine,
             engine_version=self.provenance.engine_version,
@@ -377,7 +358,7 @@ class BenchResult:
 
     def row(self) -> dict[str, Any]:
         """The compact per-run object the CLI prints with ``--json`` (one JSON line per concurrency), on the
-        reader's clock; on the twin ``twin_clock`` holds the same figures as measured on the twin."""
+        reader's clock; ``clock`` names it (``twin-virtual``, ``twin-paced`` or ``wall``)."""
         s = self.on_hardware
 
         def dist(d: Distribution) -> dict[str, Any]:
@@ -395,7 +376,8 @@ class BenchResult:
                 "failure": self.failure,
                 "abort_reason": self.abort_reason,
                 "diagnosis": self.diagnosis,
-                "client_stall_s": self.client_stall_s,
+                "host_lag_s": self.host_lag_s,
+                "wall_duration_s": self.wall_duration_s,
                 **self._headline(),
                 "output_tokens_from_server": s.output_tokens_from_server,
                 "goodput": s.goodput,
@@ -412,17 +394,10 @@ class BenchResult:
                 "engine_from": self.provenance.engine_from,
                 "backend": self.provenance.backend,
                 "prompts": (self.provenance.workload.get("params") or {}).get("prompts"),
-                "clock": self.clock.to_dict(),
+                "clock": self.clock.kind,
+                "pace": self.clock.pace,
             }
         )
-        if self.clock.is_twin:
-            raw = self.summary
-            row["twin_clock"] = to_jsonable(
-                {
-                    **self._headline(raw),
-                    **{name: dist(getattr(raw, name)) for name in _LATENCIES},
-                }
-            )
         return row
 
     def to_dict(self) -> dict[str, Any]:
@@ -441,7 +416,7 @@ class BenchResult:
             "origin_perf_s": self.origin_perf_s,
             "interrupted": self.interrupted,
             "profile": self.profile,
-            "client_stall_s": self.client_stall_s,
+            "wall_duration_s": self.wall_duration_s,
             "summary": self.summary.to_dict(),
             "provenance": self.provenance.to_dict(),
             "requests": requests,
@@ -469,7 +444,7 @@ class BenchResult:
             origin_perf_s=data.get("origin_perf_s"),
             interrupted=bool(data.get("interrupted", False)),
             profile=data.get("profile"),
-            client_stall_s=data.get("client_stall_s"),
+            wall_duration_s=data.get("wall_duration_s"),
         )
 
     def __repr__(self) -> str:
@@ -548,8 +523,8 @@ def _result_html(r: BenchResult) -> str:
         ("duration", fmt_s(s.duration_s)),
         ("output throughput", fmt_tok_s(s.output_throughput)),
     ]
-    if clock.is_twin:
-        tput.append((f"output throughput ({TWIN_CLOCK})", fmt_tok_s(r.summary.output_throughput)))
+    if r.host_lag_s is not None:
+        tput.append((f"host lag ({WALL_CLOCK}, not in any figure)", fmt_s(r.host_lag_s)))
     tput += [
         ("request throughput", f"{hv.fmt(s.request_throughput, 3)} req/s"),
         ("input throughput", fmt_tok_s(s.input_throughput)),
@@ -587,11 +562,8 @@ def _result_html(r: BenchResult) -> str:
 class BenchRuns(Sequence[BenchResult]):
     """Runs of one sweep or campaign step: a sequence of :class:`BenchResult` that tabulates and shows itself."""
 
-    def __init__(self, runs: Sequence[BenchResult] = (), *, redone: Sequence[BenchResult] = ()) -> None:
+    def __init__(self, runs: Sequence[BenchResult] = ()) -> None:
         self._runs: tuple[BenchResult, ...] = tuple(runs)
-        #: Runs made again because the client stood still at their edge (:attr:`BenchResult.disturbed`):
-        #: kept for the record, left out of the sequence and its statistics.
-        self.redone: tuple[BenchResult, ...] = tuple(redone)
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -602,7 +574,7 @@ class BenchRuns(Sequence[BenchResult]):
         return len(self._runs)
 
     def __add__(self, other: Sequence[BenchResult]) -> BenchRuns:
-        return BenchRuns((*self._runs, *other), redone=(*self.redone, *getattr(other, "redone", ())))
+        return BenchRuns((*self._runs, *other))
 
     @property
     def partial(self) -> bool:
@@ -631,8 +603,6 @@ class BenchRuns(Sequence[BenchResult]):
             if len(workloads) > 1:
                 row["workload"] = r.workload_text or "–"
             row["output tok/s"] = s.output_throughput
-            if clock.is_twin:
-                row[f"output tok/s ({TWIN_CLOCK})"] = r.summary.output_throughput
             row.update(
                 {
                     "TTFT median (ms)": s.ttft_ms.median,
@@ -645,27 +615,10 @@ class BenchRuns(Sequence[BenchResult]):
         note = hv.p(clock.note()) if clock.is_twin else ""
         if len(workloads) == 1 and (only := workloads.pop()):
             note = hv.p(f"workload: {only}") + note
-        note += redone_note(self.redone)
         failed = [r for r in self._runs if r.outcome == "failed"]
         state: hv.State = "fail" if self.partial or failed else "ok"
         status = f"✗ {len(failed)} of {plural(len(self), 'run')} failed" if failed else ""
         return hv.card(plural(len(self), "benchmark run"), hv.table(rows, digits=1) + note, state=state, status=status)
-
-
-def redone_note(redone: Sequence[BenchResult]) -> str:
-    """A paragraph naming the runs made again because the client stalled at their edge, and why; empty for none."""
-    from dsv4lab import htmlview as hv
-
-    if not redone:
-        return ""
-    why = "; ".join(
-        f"{r.label or 'run'} c={r.concurrency} repeat {r.repeat + 1}, where {r.disturbance}" for r in redone
-    )
-    kept = "it is" if len(redone) == 1 else "they are"
-    return hv.p(
-        f"Made again and left out of the figures: {why}. A stall of the client at a run's start or end "
-        f"lengthens the run without the server being slower; {kept} kept in .redone."
-    )
 
 
 def _run_status(r: BenchResult) -> str:
@@ -676,7 +629,6 @@ def _run_status(r: BenchResult) -> str:
         return "PARTIAL: " + (r.abort_reason or "")
     if r.summary.completed == 0:
         return f"FAILED: {r.failure}"
-    flag = f" (client stalled {r.client_stall_s:.2f} s at the run's edge)" if r.disturbed and r.client_stall_s else ""
     if r.summary.failed or r.summary.incomplete:
-        return f"ok, {r.summary.failed + r.summary.incomplete} failed{flag}"
-    return "ok" + flag
+        return f"ok, {r.summary.failed + r.summary.incomplete} failed"
+    return "ok"

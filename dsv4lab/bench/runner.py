@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import gc
 import inspect
 import math
@@ -45,16 +44,22 @@ from dsv4lab.bench.serverinfo import (
     stop_profile_later,
     stop_profile_quietly,
 )
-from dsv4lab.bench.stalls import StallWatch
 from dsv4lab.bench.store import ResultStore
 from dsv4lab.bench.tokens import fit_workload
+from dsv4lab.bench.twinsession import (
+    CLOSE_AFTER_STOP_S,
+    SESSION_TIMEOUT_S,
+    TwinSession,
+    close_twin_session,
+    open_twin_session,
+)
 from dsv4lab.bench.workload import LoadSpec, RequestSpec, Workload, arrival_times, cap_levels
 from dsv4lab.blocking import run_blocking, stoppable
 from dsv4lab.counts import plural
 from dsv4lab.errors import BenchError, Interrupted
 from dsv4lab.hosts import LocalHost
 from dsv4lab.progress import Progress, State
-from dsv4lab.units import fmt_tok_s
+from dsv4lab.units import Clock, fmt_tok_s
 
 __all__ = [
     "DEATH_ERRORS",
@@ -119,9 +124,13 @@ class _Run:
         cap: int | None,
         origin: float,
         on_done: Callable[[int, int], None],
+        *,
+        paced: bool = True,
     ) -> list[RequestRecord]:
         """Dispatch every request on its schedule under the cap; return one record per request.
 
+        ``paced=False`` (a twin in virtual time, which places each request on its own clock from the
+        announced schedule) sends each request as soon as the cap allows instead of waiting for its time.
         A cancellation (the user's Stop) does not escape: it aborts the run, and the records of what was
         done come back like after a server death.
         """
@@ -152,7 +161,8 @@ class _Run:
 
         try:
             for i in range(n):
-                await self._sleep_until(origin + schedule[i])
+                if paced:
+                    await self._sleep_until(origin + schedule[i])
                 if self.abort.is_set():
                     break
                 await sem.acquire()
@@ -287,11 +297,12 @@ async def run_async(
     pool = ConnectionPool(endpoint, connect_timeout_s=options.connect_timeout_s)
     state = _Run(endpoint, options, pool)
     specs = list(workload.requests)
-    payloads = _payloads(endpoint, specs, options, model)
-    steps = _Steps(state, workload, load, model, headers, reporter, desc)  # the run's clock starts here
+    clock = Clock.from_server_info(info)
+    key = f"{label}|c={load.concurrency}|rate={load.request_rate}|repeat={repeat}|n={len(specs)}"
+    steps = _Steps(state, workload, load, model, headers, reporter, desc, clock, key)  # the run's clock starts here
     watchdog = asyncio.create_task(_watch_process(state, server.alive)) if server.alive is not None else None
     try:
-        records = await steps.measure(specs, payloads, profile, profile_output_dir, own_progress=own_progress)
+        records = await steps.measure(specs, profile, profile_output_dir, own_progress=own_progress)
     finally:
         await _cancel_all([watchdog] if watchdog is not None else [])
     duration = _duration(records, state, steps.origin)
@@ -314,7 +325,7 @@ async def run_async(
         origin_perf_s=steps.origin,
         interrupted=state.interrupted,
         profile=profile_answer,
-        client_stall_s=steps.stalls.edge_s if steps.stalls is not None else None,
+        wall_duration_s=steps.wall_duration_s,
     )
     if store is not None:
         (store if isinstance(store, ResultStore) else ResultStore(store)).append(result)
@@ -400,11 +411,16 @@ class _Steps:
     headers: dict[str, str]
     reporter: Progress
     desc: str
+    #: The server's clock: against the twin every request is sent in an announced session.
+    clock: Clock
+    #: Names the run to the twin, whose random streams for it follow from the name (the same run, the
+    #: same draws, whatever ran before it).
+    key: str
     #: When the measured requests' clock starts (``perf_counter``); until then, when the run began.
     origin: float = dataclasses.field(default_factory=time.perf_counter)
     profiling: bool = False
-    #: The client's heartbeat over the measured requests (None until they start).
-    stalls: StallWatch | None = None
+    #: Wall seconds the measured requests took on this machine (None until they ended).
+    wall_duration_s: float | None = None
 
     @property
     def base(self) -> str:
@@ -413,7 +429,6 @@ class _Steps:
     async def measure(
         self,
         specs: Sequence[RequestSpec],
-        payloads: Sequence[bytes | SessionRequest],
         profile: bool,
         profile_output_dir: str | None,
         *,
@@ -426,10 +441,15 @@ class _Steps:
         try:
             await self.warmup()
             schedule = await self.prepare(len(specs), profile, profile_output_dir)
+            session = await self.open_session(schedule, self.load.concurrency, self.key)
+            payloads = _payloads(state.endpoint, specs, state.options, self.model, session)
             gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
-            self.stalls = StallWatch().start()
             self.origin = time.perf_counter()
-            return await self.dispatch(specs, payloads, schedule)
+            try:
+                return await self.dispatch(specs, payloads, schedule)
+            finally:
+                self.wall_duration_s = time.perf_counter() - self.origin
+                await self.close_session(session)
         except asyncio.CancelledError:
             if not state.interrupted:  # stopped before any request went out: there is nothing to keep
                 if own_progress:
@@ -437,8 +457,6 @@ class _Steps:
                 raise
             return [RequestRecord(s.index, "not_sent", 0.0, error="not sent: stopped by the user") for s in specs]
         finally:
-            if self.stalls is not None:
-                self.stalls.stop()
             if gc_was_enabled:
                 gc.enable()
             state.watch.cancel()
@@ -451,9 +469,32 @@ class _Steps:
         warm = _warmup_specs(self.workload, load.warmup)
         cap = min(load.warmup, load.concurrency or load.warmup)
         self.reporter.update(f"{self.desc} warmup", fraction=0.0, detail=plural(len(warm), "request"))
-        warm_payloads = _payloads(state.endpoint, warm, state.options, self.model)
-        await state.execute(warm, warm_payloads, [0.0] * len(warm), cap, time.perf_counter(), lambda _k, _ok: None)
+        schedule = [0.0] * len(warm)
+        session = await self.open_session(schedule, cap, self.key + "|warmup")
+        warm_payloads = _payloads(state.endpoint, warm, state.options, self.model, session)
+        try:
+            await state.execute(
+                warm, warm_payloads, schedule, cap, time.perf_counter(), lambda _k, _ok: None, paced=self.paced
+            )
+        finally:
+            await self.close_session(session)
         await state.watch.settle()
+
+    @property
+    def paced(self) -> bool:
+        """Whether requests wait for their scheduled time on this machine's clock (all but a virtual twin)."""
+        return self.clock.kind != "twin-virtual"
+
+    async def open_session(self, schedule: Sequence[float], cap: int | None, key: str) -> TwinSession | None:
+        """Against the twin, announce the run (:mod:`.twinsession`); None for a real server."""
+        if not self.clock.is_twin or self.state.abort.is_set():
+            return None
+        return await open_twin_session(self.base, schedule, cap, key, headers=self.headers)
+
+    async def close_session(self, session: TwinSession | None) -> None:
+        if session is not None:
+            timeout = CLOSE_AFTER_STOP_S if self.state.interrupted else SESSION_TIMEOUT_S
+            await close_twin_session(self.base, session, headers=self.headers, timeout_s=timeout)
 
     async def prepare(self, n: int, profile: bool, profile_output_dir: str | None) -> list[float]:
         """Flush the cache, open the connections (``ttft_clock="send"``), start the profiler; the schedule."""
@@ -489,7 +530,9 @@ class _Steps:
             # Finished is not ok: the table counts ok requests, so the line says both.
             reporter.update(fraction=k / total, detail=f"{k}/{total} {plural(total, 'request', number=False)}, {ok} ok")
 
-        records = await state.execute(specs, payloads, schedule, self.load.concurrency, self.origin, on_done)
+        records = await state.execute(
+            specs, payloads, schedule, self.load.concurrency, self.origin, on_done, paced=self.paced
+        )
         # The last requests failing can end the run while the probe they started is still asking: its
         # answer decides whether this is a finished run with errors or one cut by a dead server.
         await state.watch.settle()
@@ -516,13 +559,17 @@ def _duration(records: Sequence[RequestRecord], state: _Run, origin: float) -> f
 
 
 def _payloads(
-    endpoint: Endpoint, specs: Sequence[RequestSpec], options: ClientOptions, model: str | None
+    endpoint: Endpoint,
+    specs: Sequence[RequestSpec],
+    options: ClientOptions,
+    model: str | None,
+    session: TwinSession | None = None,
 ) -> list[bytes | SessionRequest]:
     """Request bytes for the pool (clock from the send), or session requests whose encoding and connection
-    fall inside the clock (``ttft_clock="connect"``, bench_serving's way)."""
-    if options.ttft_clock == "connect":
-        return [prepare_session(endpoint, s, options, model) for s in specs]
-    return [prepare(endpoint, s, options, model) for s in specs]
+    fall inside the clock (``ttft_clock="connect"``, bench_serving's way); each with its place in the twin's
+    session, when there is one."""
+    make = prepare_session if options.ttft_clock == "connect" else prepare
+    return [make(endpoint, s, options, model, session.headers(i) if session else None) for i, s in enumerate(specs)]
 
 
 def _finish(reporter: Progress, result: BenchResult) -> None:
@@ -576,7 +623,6 @@ async def sweep_async(
     back, the last one partial."""
     reporter = progress if isinstance(progress, Progress) else Progress(f"sweep {label}".strip(), enabled=progress)
     runs: list[BenchResult] = []
-    redone: list[BenchResult] = []
     options_kw = {
         "slo": slo,
         "on_server_death": on_server_death,
@@ -585,15 +631,14 @@ async def sweep_async(
         "profile": profile,
         "profile_output_dir": profile_output_dir,
     }
-    await _sweep_into(runs, redone, url, workload, concurrencies, repeats, load, options, label, reporter, options_kw)
+    await _sweep_into(runs, url, workload, concurrencies, repeats, load, options, label, reporter, options_kw)
     if not isinstance(progress, Progress):
         _finish_sweep(reporter, runs)
-    return BenchRuns(runs, redone=redone)
+    return BenchRuns(runs)
 
 
 async def _sweep_into(
     runs: list[BenchResult],
-    redone: list[BenchResult],
     url: str,
     workload: Workload | Callable[[int], Workload] | Callable[[int | None], Workload],
     concurrencies: Sequence[int | None] | int | str | None,
@@ -604,8 +649,7 @@ async def _sweep_into(
     reporter: Progress,
     run_kw: Mapping[str, Any],
 ) -> None:
-    """The sweep itself, appending each run to ``runs`` as it ends, so a stopped sweep keeps them (and each
-    run made again to ``redone``)."""
+    """The sweep itself, appending each run to ``runs`` as it ends, so a stopped sweep keeps them (and each"""
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
     levels = cap_levels(concurrencies)
@@ -617,52 +661,11 @@ async def _sweep_into(
             what = f"run {len(runs) + 1}/{planned}: c={shown} repeat {r + 1}"
             reporter.update(what, fraction=0.0)
             load_c = dataclasses.replace(load or LoadSpec(), concurrency=level)
-            make = functools.partial(
-                run_async, url, wl, load_c, options, label=label, repeat=r, progress=reporter, **run_kw
-            )
-            result = await undisturbed_run(make, reporter, what, redone)
+            result = await run_async(url, wl, load_c, options, label=label, repeat=r, progress=reporter, **run_kw)
             runs.append(result)
-            reporter.kept = BenchRuns(runs, redone=redone)
+            reporter.kept = BenchRuns(runs)
             if result.partial:
                 return
-
-
-#: How many times a series (a sweep, an A/B) makes a disturbed run again before it keeps the least disturbed.
-MAX_REDOS = 2
-
-
-def _redo(result: BenchResult) -> bool:
-    """Whether a series makes this run again: a complete run against the twin that the client's stall disturbed.
-
-    Only against the twin: there the stall is the host's, not the modelled server's, and the time scale
-    magnifies it (x50 at 0.02). Against a real server the stall is at its true size and the run is kept with
-    its :attr:`~BenchResult.disturbance` shown: where the client shares the server's host (a CPU engine on
-    2 cores), a stall is part of the load and a redo meets another (a CI ``make test`` redid a third of the
-    real vLLM's runs, each slower, for nothing).
-    """
-    return result.disturbed and not result.partial and result.clock.is_twin
-
-
-async def undisturbed_run(
-    make: Callable[[], Coroutine[Any, Any, BenchResult]], reporter: Progress, what: str, redone: list[BenchResult]
-) -> BenchResult:
-    """One run of a series, made again while the client stood still at its start or end for a sizeable share
-    of it against the twin (:func:`_redo`), at most :data:`MAX_REDOS` times; the attempts not kept go to
-    ``redone``.
-
-    Why again rather than keep it: a series exists to be averaged and compared, and a stall of the client at
-    a run's edge only ever lengthens it, so one stalled repeat moves the mean and widens the interval by a
-    host effect. The attempt kept is the least disturbed one, chosen by the stall and never by the figures.
-    A run cut short (the server died, the user stopped) is kept as it is: the series ends there.
-    """
-    attempts = [await make()]
-    while _redo(attempts[-1]) and len(attempts) <= MAX_REDOS:
-        reporter.update(f"{what} again: {attempts[-1].disturbance}", fraction=0.0)
-        attempts.append(await make())
-    last = attempts[-1]
-    kept = last if last.partial else min(attempts, key=lambda r: r.client_stall_s or 0.0)
-    redone.extend(r for r in attempts if r is not kept)
-    return kept
 
 
 def _finish_sweep(reporter: Progress, runs: Sequence[BenchResult]) -> None:

@@ -175,11 +175,10 @@ def bench_serving_record(result: BenchResult, *, details: bool = False, tag: str
             "peak_concurrent": s.peak_concurrent,
             "peak_output_throughput": s.peak_output_throughput,
             "output_tokens_from_server": s.output_tokens_from_server,
-            "time_scale": result.time_scale,
             # bench_serving's own keys above hold what was measured, as bench_serving would record it
             # against this server (its readers and the parity check compare them); on the twin that is the
-            # twin clock, and this says so.
-            "clock": "twin clock" if result.clock.is_twin else "measured",
+            # modelled hardware's clock, read from the twin's stamps, and this says so.
+            "clock": result.clock.kind,
             "url": p.url,
             "engine": p.engine,
             "engine_version": p.engine_version,

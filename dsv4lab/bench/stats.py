@@ -221,9 +221,8 @@ class ABComparison:
     levels: tuple[ABLevel, ...]
     label_a: str = "A"
     label_b: str = "B"
-    #: The twin's time scale when both arms ran on the twin. The means are already on the modelled hardware
-    #: (:func:`metric_value` reads each run on the reader's clock); this only says the page is a twin's.
-    time_scale: float | None = None
+    #: The clock both arms' figures are on (None when they differ): on the twin, the modelled hardware's.
+    clock: Clock | None = None
     #: The workload both arms ran ("8,000 in / 64 out tokens per request"), empty when they differ: a
     #: throughput means little without it (the same server does 15 tok/s on short outputs, 20 on long).
     workload: str = ""
@@ -255,7 +254,7 @@ class ABComparison:
                     "rel_ci_low": lo,
                     "rel_ci_high": hi,
                     "verdict": lv.verdict,
-                    "time_scale": self.time_scale,
+                    "clock": self.clock.kind if self.clock is not None else None,
                 }
             )
         frame: pd.DataFrame = pd.DataFrame(rows)
@@ -287,7 +286,7 @@ class ABComparison:
             f"{self.label_b} vs {self.label_a} on {metric_words(self.metric)} ({better} is better), "
             f"Welch 95% CI{workload}"
         )
-        note = hv.p(Clock(self.time_scale).note()) if self.time_scale else ""
+        note = hv.p(self.clock.note()) if self.clock is not None and self.clock.is_twin else ""
         return hv.card(f"A/B: {self.label_b} vs {self.label_a}", head + hv.table(rows, digits=1) + note)
 
 
@@ -377,14 +376,14 @@ def compare(
                 verdict=verdict_for(w.ci_low, w.ci_high, higher_is_better=hib),
             )
         )
-    scales = {r.time_scale for r in (*a_runs, *b_runs)}
+    clocks = {r.clock for r in (*a_runs, *b_runs)}
     return ABComparison(
         metric,
         hib,
         tuple(out),
         label_a or _common_label(a_runs, "A"),
         label_b or _common_label(b_runs, "B"),
-        scales.pop() if len(scales) == 1 else None,
+        clocks.pop() if len(clocks) == 1 else None,
         _common_workload((*a_runs, *b_runs)),
     )
 

@@ -38,7 +38,6 @@ from dsv4lab.bench.sglang_format import append_jsonl, bench_serving_record, serv
 from dsv4lab.cli.bench_args import build_parser, client_options, levels, load_spec, slo, workload_factory
 from dsv4lab.errors import BenchError, ConfigError, DSV4LabError, Interrupted, exit_code_for
 from dsv4lab.hosts import Host, PortForward
-from dsv4lab.units import TWIN_CLOCK, fmt_ms, fmt_tok_s
 
 __all__ = ["Target", "bench_main", "build_parser", "resolve_target"]
 
@@ -157,13 +156,7 @@ def _print(results: Sequence[BenchResult], fmt: str) -> None:
     elif fmt == "sglang":
         for r in results:
             if r.clock.is_twin:  # bench_serving's block is a measurement on the server's clock: say whose
-                print(
-                    f"(dsv4lab: twin at time scale {r.clock.time_scale:g}; the block below is on the {TWIN_CLOCK}, as "
-                    f"bench_serving would measure it; modelled hardware: "
-                    f"{fmt_tok_s(r.on_hardware.output_throughput)} output, TTFT median "
-                    f"{fmt_ms(r.on_hardware.ttft_ms.median)})",
-                    flush=True,
-                )
+                print(f"(dsv4lab: {r.clock.caption}; read from the twin's stamps)", flush=True)
             print(serving_block(r), flush=True)
     else:
         print(_table(results))

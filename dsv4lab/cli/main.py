@@ -209,9 +209,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     placement = _placement_from_args(args)
     host = _host_from_args(args)
     twin_env = {"DSV4LAB_TWIN_HARDWARE": args.hardware} if args.twin else None
-    if args.twin and args.time_scale is not None:
+    if args.twin and args.pace is not None:
         assert twin_env is not None
-        twin_env["DSV4LAB_TWIN_TIME_SCALE"] = str(args.time_scale)
+        twin_env["DSV4LAB_TWIN_PACE"] = repr(float(args.pace))
     if args.twin and args.fault:
         assert twin_env is not None
         twin_env["DSV4LAB_TWIN_FAULT"] = args.fault
@@ -282,7 +282,7 @@ def _check_twin_options(args: argparse.Namespace) -> None:
     from dsv4lab.twin.faults import FAULTS, parse_fault
 
     if not args.twin:
-        for flag, value in (("--time-scale", args.time_scale), ("--fault", args.fault)):
+        for flag, value in (("--pace", args.pace), ("--fault", args.fault)):
             if value is not None:
                 raise ConfigError(flag, value, "only with --twin (it sets the twin, not SGLang)")
         return
@@ -290,8 +290,10 @@ def _check_twin_options(args: argparse.Namespace) -> None:
         hardware_profile(args.hardware)
     except ConfigError as exc:
         raise exc.within("--hardware: ", field="--hardware") from None
-    if args.time_scale is not None and not (math.isfinite(args.time_scale) and args.time_scale > 0):
-        raise ConfigError("--time-scale", args.time_scale, "a positive number (1 = real time, 0.05 = 20x faster)")
+    if args.pace is not None and not (math.isfinite(args.pace) and args.pace > 0):
+        raise ConfigError(
+            "--pace", args.pace, "a positive number of wall seconds per modelled second (0.05 = 20x faster)"
+        )
     try:
         parse_fault(args.fault)
     except UnknownNameError as exc:
@@ -555,7 +557,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         target=engine.name,
         hardware=args.hardware,
         version=args.version,
-        time_scale=args.time_scale,
+        pace=args.pace,
         python=args.python,
         run_root=folder,
         seed=args.seed,
@@ -601,7 +603,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     args.file, args.force, args.max_parallel = None, False, 1
-    args.p = [*args.p, ["time_scale", str(args.time_scale)]]
+    if args.pace is not None:
+        args.p = [*args.p, ["pace", str(args.pace)]]
     return _cmd_campaign(args)
 
 
@@ -732,7 +735,7 @@ def _launch_verb(verbs: _Verbs) -> None:
     )
     la.add_argument("--twin", action="store_true", help="short for --engine twin")
     la.add_argument("--hardware", default="rtx-pro-6000-x8", help="twin hardware profile")
-    la.add_argument("--time-scale", type=float, default=None, help="twin time scale (1 = real time)")
+    _add_pace(la)
     la.add_argument("--fault", default=None, help="twin fault to inject")
     la.add_argument("--sglang-version", default=None, help="SGLang release to render flags for")
     la.add_argument(
@@ -880,7 +883,7 @@ def _tune_verb(verbs: _Verbs) -> None:
     tu.add_argument("--num-prompts", type=int, default=None, help="requests per level (default: one wave)")
     tu.add_argument("--hardware", default=None, help="hardware profile (default: the story's 8 x RTX PRO 6000)")
     tu.add_argument("--version", default=None, help="the engine release whose flags to render")
-    tu.add_argument("--time-scale", type=float, default=0.05, help="twin time scale (1 = real time)")
+    _add_pace(tu)
     tu.add_argument("--python", default=None, help="the server host's interpreter")
     tu.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each trial's READY")
     tu.add_argument("--max-parallel", type=int, default=1, help="trials at once (more than 1 needs --slurm-*)")
@@ -890,10 +893,30 @@ def _tune_verb(verbs: _Verbs) -> None:
     tu.set_defaults(func=_cmd_tune)
 
 
+class _OldPace(argparse.Action):
+    """``--time-scale``, the old name of ``--pace``: still taken for one release, with a line saying so."""
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any, opt: Any = None) -> None:
+        print("warning: --time-scale is deprecated and goes in the next release; use --pace", file=sys.stderr)
+        ns.pace = values
+
+
+def _add_pace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=None,
+        metavar="SCALE",
+        help="pace the twin: wall seconds per modelled second (default: virtual time, as fast as this machine "
+        "computes, the same figures on any machine)",
+    )
+    parser.add_argument("--time-scale", type=float, dest="pace", action=_OldPace, help="the old name of --pace")
+
+
 def _demo_verb(verbs: _Verbs) -> None:
     demo = verbs.add_parser("demo", help="the story's campaign on the twin (what make demo runs)")
     demo.add_argument("--reports", default="reports", help="folder the campaign writes under")
-    demo.add_argument("--time-scale", type=float, default=0.02, help="twin time scale (1 = real time)")
+    _add_pace(demo)
     demo.add_argument("--log-output", action="store_true", help="echo each cell's output while it runs")
     demo.add_argument(
         "-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="a campaign parameter"

@@ -7,12 +7,14 @@ samples or describes a server.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from dsv4lab.config.hardware import HardwareProfile
+from dsv4lab.errors import ConfigError
 from dsv4lab.logs import Diagnosis, diagnose
 from dsv4lab.units import REAL, Clock
 
@@ -33,13 +35,23 @@ class HostFacts(Protocol):
         """The model's config.json facts and weight size on the host; None when it is not there."""
 
 
+def check_pace(name: str, value: object) -> float | None:
+    """A twin's pace as given (None, or a positive number of wall seconds per modelled second), checked."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ConfigError(name, value, "None (virtual time) or a positive number of wall seconds per modelled second")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     """What a lab session decides for every launch of an engine (the twin reads all of them; a real engine
     only those that mean something for it)."""
 
     hardware: str = "rtx-pro-6000-x8"
-    time_scale: float = 1.0
+    #: The twin's pace (wall seconds per modelled second); None: virtual time.
+    pace: float | None = None
     fault: str | None = None
     seed: int | None = None
 
@@ -151,7 +163,7 @@ class Engine(ABC):
         """Engine settings exported into every launch of a session (``None``: none)."""
         return None
 
-    def session_clock(self, time_scale: float, hardware: str | None) -> Clock:
+    def session_clock(self, pace: float | None, hardware: str | None) -> Clock:
         """The clock of a session with these settings (reports read it from the notebook's parameters)."""
         return REAL
 

@@ -1,7 +1,7 @@
 """The SGLang twin: SGLang's flags and log, on modelled hardware, with no GPU.
 
 It is started as ``python -m dsv4lab.twin`` with the same flags SGLang would get; what only the twin
-reads (its hardware profile, time scale, fault, seed) is exported by the launch script, so that the
+reads (its hardware profile, pace, fault, seed) is exported by the launch script, so that the
 launch line stays SGLang's and a notebook moves to a real host by changing one parameter.
 """
 
@@ -21,19 +21,15 @@ __all__ = ["TwinEngine", "twin_interval_ms"]
 _SMI_ENV_KEYS = ("DSV4LAB_TWIN_STATE_DIR", "DSV4LAB_TWIN_HARDWARE")
 
 
-def twin_interval_ms(time_scale: float, real_interval_ms: int = 500) -> int:
+def twin_interval_ms(pace: float | None, real_interval_ms: int = 500) -> int:
     """The sampling interval that sees on the twin what ``real_interval_ms`` sees on real hardware.
 
-    The twin runs every phase ``time_scale`` times as long, so the interval shrinks with it (20 ms floor).
+    A paced twin runs every phase ``pace`` times as long, so the interval shrinks with it (20 ms floor); in
+    virtual time an idle twin's clock follows the wall clock, and the interval is the hardware's.
     """
-    return max(20, min(real_interval_ms, round(real_interval_ms * time_scale)))
-
-
-def _time_scale(settings: Mapping[str, str] | None) -> float:
-    try:
-        return float((settings or {}).get("DSV4LAB_TWIN_TIME_SCALE", "1") or 1)
-    except ValueError:
-        return 1.0
+    if pace is None:
+        return real_interval_ms
+    return max(20, min(real_interval_ms, round(real_interval_ms * pace)))
 
 
 class TwinEngine(SGLangEngine):
@@ -63,7 +59,7 @@ class TwinEngine(SGLangEngine):
     def launch_env(self, session: SessionSettings) -> dict[str, str]:
         env = {
             "DSV4LAB_TWIN_HARDWARE": session.hardware,
-            "DSV4LAB_TWIN_TIME_SCALE": str(session.time_scale),
+            "DSV4LAB_TWIN_PACE": "" if session.pace is None else repr(float(session.pace)),
             # Millisecond log timestamps (SGLang's own switch): a scaled startup lasts seconds, and the
             # memory timeline's phase bands need finer than a second to line up with the samples.
             "SGLANG_LOG_MS": "1",
@@ -74,11 +70,11 @@ class TwinEngine(SGLangEngine):
             env["DSV4LAB_TWIN_SEED"] = str(session.seed)
         return env
 
-    def session_clock(self, time_scale: float, hardware: str | None) -> Clock:
-        return Clock.twin(time_scale, hardware)
+    def session_clock(self, pace: float | None, hardware: str | None) -> Clock:
+        return Clock.twin(pace, hardware)
 
     def clock(self, settings: Mapping[str, str] | None) -> Clock:
-        return Clock.from_twin_env({"DSV4LAB_TWIN_TIME_SCALE": "1", **dict(settings or {})})
+        return Clock.from_twin_env({"DSV4LAB_TWIN_HARDWARE": "", **dict(settings or {})})
 
     def smi(
         self,
@@ -97,4 +93,4 @@ class TwinEngine(SGLangEngine):
         return SmiSpec((python, "-m", "dsv4lab.twin.smi"), env)
 
     def sample_interval_ms(self, settings: Mapping[str, str] | None) -> int:
-        return twin_interval_ms(_time_scale(settings))
+        return twin_interval_ms(Clock.from_twin_env(settings).pace)

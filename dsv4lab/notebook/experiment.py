@@ -16,6 +16,7 @@ import datetime as _dt
 import json
 import math
 import shlex
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -57,7 +58,9 @@ class Experiment:
     #: engines, the newest dsv4lab knows for the others.
     version: str = ""
     python: str = ""
-    time_scale: float = 0.05
+    #: The twin's pace: 0 (virtual time, the default: the same figures on any machine, as fast as it
+    #: computes) or wall seconds per modelled second (see :class:`~dsv4lab.notebook.lab.Lab`).
+    pace: float = 0.0
     #: SGLang's engines: a preset name or a config file; vLLM: a config file, or empty for ``model_path``.
     preset: str = "config_a"
     #: The model on the server host (vLLM's configs start from it; for SGLang it overrides the preset's).
@@ -93,11 +96,12 @@ class Experiment:
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(name, getattr(self, name), "a string")
         get_engine(self.target)  # an unknown engine names the known ones
-        if not (isinstance(self.time_scale, (int, float)) and not isinstance(self.time_scale, bool)):
-            raise ConfigError("time_scale", self.time_scale, "a positive number (1 = real time)")
-        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
-            raise ConfigError("time_scale", self.time_scale, "a positive number (1 = real time)")
-        object.__setattr__(self, "time_scale", float(self.time_scale))
+        pace_words = "0 (virtual time) or a positive number of wall seconds per modelled second"
+        if isinstance(self.pace, bool) or not isinstance(self.pace, (int, float)):
+            raise ConfigError("pace", self.pace, pace_words)
+        if not (math.isfinite(self.pace) and self.pace >= 0):
+            raise ConfigError("pace", self.pace, pace_words)
+        object.__setattr__(self, "pace", float(self.pace))
         object.__setattr__(self, "concurrency", _concurrency(self.concurrency))
         for name, low in (("input_len", 1), ("output_len", 1), ("repeats", 3)):
             value = getattr(self, name)
@@ -117,6 +121,9 @@ class Experiment:
         for name in known:
             if name in namespace:
                 values[name] = _coerce(name, namespace[name], cls.__dataclass_fields__[name].default)
+        if "time_scale" in namespace and "pace" not in values:  # the old name, from an older notebook or script
+            warnings.warn("the parameter time_scale is now pace; time_scale goes in the next release", FutureWarning)
+            values["pace"] = _coerce("pace", namespace["time_scale"], 0.0)
         try:
             exp = cls(**values)
         except ConfigError as exc:
@@ -161,7 +168,7 @@ class Experiment:
             target=self.target,
             hardware=self.hardware or None,
             version=self.engine_version,
-            time_scale=self.time_scale,
+            pace=self.pace or None,
             python=self.python or None,
             run_root=self.out_dir,
             kernel_config_dir=self.kernel_config_dir or None,
@@ -468,7 +475,7 @@ def _concurrency(value: Any) -> tuple[int, ...]:
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
-    """Text for a number or list parameter (``-p time_scale 0.05`` from a shell) is parsed, not rejected."""
+    """Text for a number or list parameter (``-p pace 0.05`` from a shell) is parsed, not rejected."""
     if not isinstance(value, str) or isinstance(default, str):
         return list(value) if isinstance(value, tuple) else value
     text = value.strip()

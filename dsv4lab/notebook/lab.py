@@ -2,7 +2,7 @@
 
 A campaign step should read like the step it performs::
 
-    lab = Lab(host="local", target="twin", hardware="rtx-pro-6000-x8", time_scale=0.05)
+    lab = Lab(host="local", target="twin", hardware="rtx-pro-6000-x8")  # virtual time; pace=0.05 to pace it
     lab.preflight("config_b")              # the budget card: OOM in graph capture, GPU 1, short ~20 GiB
     b = lab.launch("config_b").wait()      # CRASHED card with the model-checked diagnosis
     a = lab.launch("config_a").wait()      # free port, run dir, twin settings: all picked here
@@ -39,6 +39,7 @@ from dsv4lab.config.presets import KERNEL_CONFIG_DIR, PRESETS, preset
 from dsv4lab.config.server_config import ServerConfig, diff
 from dsv4lab.counts import plural
 from dsv4lab.engines import ENGINE_NAMES, Engine, SessionSettings, SGLangEngine, get_engine
+from dsv4lab.engines.base import check_pace
 from dsv4lab.errors import ConfigError, Interrupted, LaunchError, StaleServerError
 from dsv4lab.hosts import Host, LocalHost, open_host
 from dsv4lab.logs import Diagnosis
@@ -79,7 +80,8 @@ class Lab:
         hardware: str | None = None,
         sglang_version: str | None = None,
         version: str | None = None,
-        time_scale: float = 0.05,
+        pace: float | None = None,
+        time_scale: float | None = None,
         python: str | None = None,
         run_root: str | Path = "runs",
         remote_root: str = "~/dsv4lab-runs",
@@ -102,7 +104,11 @@ class Lab:
             sglang_version: SGLang release whose flags to render (default: the newest dsv4lab knows).
             version: the engine's release whose flags to render, for any engine (vLLM's: ``"0.32.0"``);
                 for SGLang and the twin the same as ``sglang_version``.
-            time_scale: twin only: durations are this times the modelled hardware's (1 = real time).
+            pace: twin only: None (the default) serves in virtual time, as fast as this machine computes,
+                with the same figures on any machine; a number paces the twin at that many wall seconds per
+                modelled second (1 = real time), for what needs real time on the wire (watching a crash as
+                it happens, the memory sampler over a startup). ``launch(pace=...)`` sets it per server.
+            time_scale: the old name of ``pace`` (deprecated).
             python: the server host's interpreter (a venv or conda env) for SGLang, the twin, bench_serving.
             run_root: local folder for results; each server gets ``run_root/<name>``.
             remote_root: on an SSH host, where run directories go (``<remote_root>/<session>/<name>``).
@@ -119,8 +125,14 @@ class Lab:
                 is then the cluster's login host.
         """
         engine = get_engine(target)
-        if not (isinstance(time_scale, (int, float)) and not isinstance(time_scale, bool) and time_scale > 0):
-            raise ConfigError("time_scale", time_scale, "a positive number (1 = real time)")
+        if time_scale is not None:
+            warnings.warn(
+                "Lab(time_scale=...) is now Lab(pace=...); time_scale goes in the next release",
+                FutureWarning,
+                stacklevel=2,
+            )
+            pace = time_scale if pace is None else pace
+        pace = check_pace("pace", pace)
         if base_port is None:
             from_env = os.environ.get(BASE_PORT_ENV, "")
             base_port = int(from_env) if from_env.isdigit() else DEFAULT_BASE_PORT
@@ -135,7 +147,8 @@ class Lab:
             raise ConfigError("version", version, f"one release: version= or sglang_version= ({sglang_version})")
         #: The engine release whose flags this session renders.
         self.version = engine.resolve_version(version if version is not None else sglang_version)
-        self.time_scale = float(time_scale) if engine.rehearsal else 1.0
+        #: The twin's pace (None: virtual time).
+        self.pace = pace if engine.rehearsal else None
         self.python = python
         self.kernel_config_dir = kernel_config_dir
         self.base_port = base_port
@@ -188,9 +201,9 @@ class Lab:
         """The clock this session's figures are read on: the modelled hardware on the twin."""
         return self.engine.clock(self._settings())
 
-    def _settings(self, fault: str | None = None) -> dict[str, str] | None:
-        """The engine settings every launch of this session exports (the twin's profile, time scale, seed)."""
-        session = SessionSettings(self.hardware.name, self.time_scale, fault, self.seed)
+    def _settings(self, fault: str | None = None, pace: float | None = None) -> dict[str, str] | None:
+        """The engine settings every launch of this session exports (the twin's profile, pace, seed)."""
+        session = SessionSettings(self.hardware.name, self.pace if pace is None else pace, fault, self.seed)
         return self.engine.launch_env(session)
 
     @property
@@ -280,6 +293,7 @@ class Lab:
         fault: str | None = None,
         sample_gpus: bool = True,
         preflight: bool = True,
+        pace: float | None = None,
         **overrides: Any,
     ) -> Server:
         """Start a server and return it at once (``wait=True`` also watches it to a verdict).
@@ -290,8 +304,12 @@ class Lab:
         ``slow_start[:x]``). The server is tracked: the session stops it at its end unless ``keep``.
 
         A launch the engine's memory preflight predicts to fail on this host (vLLM's CPU build) is refused
-        before anything starts; ``preflight=False`` launches it anyway, to watch it fail.
+        before anything starts; ``preflight=False`` launches it anyway, to watch it fail. ``pace`` paces
+        this twin (see :class:`Lab`) where the session's is virtual.
         """
+        pace = check_pace("pace", pace)
+        if pace is not None and not self.engine.rehearsal:
+            raise ConfigError("pace", pace, "only on the twin (target='twin')")
         if not isinstance(preflight, bool):
             raise ConfigError("preflight", preflight, "True (refuse a launch predicted not to fit) or False")
         cfg = self.config(config, **overrides)
@@ -305,7 +323,7 @@ class Lab:
         try:
             # launch() itself ends whatever it started when it fails or is stopped half-way.
             handle, sampler, sampler_error = self._start(
-                cfg, run_dir, port, fault, local_dir if sample_gpus else None, preflight=preflight
+                cfg, run_dir, port, fault, local_dir if sample_gpus else None, preflight=preflight, pace=pace
             )
         except KeyboardInterrupt:
             note = _interrupted("the user stopped the launch before the server started; nothing is running")
@@ -367,12 +385,13 @@ class Lab:
         samples_dir: Path | None,
         *,
         preflight: bool = True,
+        pace: float | None = None,
     ) -> tuple[ServerHandle, Any, Exception | None]:
         """Pick a port, start GPU sampling for it, launch; retry on the next port if another launch won it.
 
         Sampling starts *before* the server so the timeline holds the whole startup from idle GPUs on.
         """
-        twin_env = self._settings(fault)
+        twin_env = self._settings(fault, pace)
         python = self.python
         if python is None and self.engine.rehearsal and self.is_local:
             python = self.engine.default_python(True)
@@ -616,7 +635,7 @@ class Lab:
                 server = ready(start(config, name))
                 runs.append(server.bench(concurrency, repeats=repeats, label=label, **kw))
                 server.stop(grace_s=10.0)
-            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), arms[0], arms[1], runs[0].redone + runs[1].redone)
+            return bench.ABRuns(tuple(runs[0]), tuple(runs[1]), arms[0], arms[1])
         except KeyboardInterrupt as exc:
             interrupted = True
             raise _compare_stopped(exc, arms, runs, begun) from None
@@ -685,11 +704,14 @@ class Lab:
             return profile
         return f"none named: the host's own (a host without GPUs is read for its memory; {profile} for GPU estimates)"
 
+    def _pace_words(self) -> str:
+        return "virtual time" if self.pace is None else f"paced at {self.pace:g} wall s per modelled s"
+
     def _repr_html_(self) -> str:
         facts: list[tuple[str, object]] = [
             ("host", self.host.name + (" (Slurm login host)" if self.slurm is not None else "")),
             *([("Slurm", self.slurm.words())] if self.slurm is not None else []),
-            ("target", self.target + (f" (time scale {self.time_scale:g})" if self.engine.rehearsal else "")),
+            ("target", self.target + (f" ({self._pace_words()})" if self.engine.rehearsal else "")),
             ("hardware", self._hardware_words()),
             ("flags", self.engine.release_words(self.version)),
             ("results", str(self.run_root)),
@@ -818,8 +840,7 @@ def _compare_stopped(
     if not isinstance(partial, bench.ABRuns):  # one arm after the other, or stopped while a server started
         arms = [*runs, *([partial] if isinstance(partial, bench.BenchRuns) else [])]
         a, b = (tuple(arms[i]) if i < len(arms) else () for i in (0, 1))
-        redone = tuple(r for arm in arms for r in arm.redone)
-        partial = bench.ABRuns(a, b, names[0], names[1], redone) if arms else None
+        partial = bench.ABRuns(a, b, names[0], names[1]) if arms else None
     return Interrupted(
         f"comparison {names[1]} vs {names[0]}",
         partial,

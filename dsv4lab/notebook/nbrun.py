@@ -617,7 +617,7 @@ def _provenance(params: Mapping[str, Any], out_dir: Path) -> list[tuple[str, str
     with contextlib.suppress(OSError, ValueError):
         env = json.loads((out_dir / "env.json").read_text(encoding="utf-8"))
     rows = target_provenance(params)
-    shown = {"target", "host", "hardware", "time_scale", "run_dir"}
+    shown = {"target", "host", "hardware", "pace", "time_scale", "run_dir"}
     rest = ", ".join(f"{k}={v!r}" for k, v in params.items() if k not in shown and v not in (None, "", []))
     if rest:
         rows.append(("parameters", rest))
@@ -638,7 +638,8 @@ def params_clock(params: Mapping[str, Any]) -> Clock:
     if engine is None:
         return REAL
     try:
-        return engine.session_clock(float(params.get("time_scale", 1.0)), str(params.get("hardware", "")) or None)
+        pace = float(params.get("pace") or params.get("time_scale") or 0.0)
+        return engine.session_clock(pace if pace > 0 else None, str(params.get("hardware", "")) or None)
     except (TypeError, ValueError):
         return REAL
 
@@ -675,7 +676,7 @@ def environment(params: Mapping[str, Any]) -> dict[str, Any]:
         "target": target,
         "twin": twin,
         "hardware": params.get("hardware"),
-        "time_scale": params.get("time_scale") if twin else None,
+        "clock": params_clock(params).kind,
     }
 
 

@@ -336,7 +336,7 @@ class Server:
             raise self._sampler_error
         clock = self.handle.clock
         if clock.is_twin:
-            frame.attrs["time_scale"] = clock.time_scale
+            frame.attrs["clock"] = clock.kind
         if self.host_memory_plan is not None:
             frame.attrs["memory_of"] = "host"
         return frame

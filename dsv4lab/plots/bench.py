@@ -21,7 +21,7 @@ from dsv4lab.counts import plural
 from dsv4lab.errors import PlotError
 from dsv4lab.model.roofline import Roofline
 from dsv4lab.plots.theme import CONFIG_COLORS, OKABE_ITO, WIDTH
-from dsv4lab.units import Clock, fmt_ms
+from dsv4lab.units import REAL, Clock, fmt_ms
 
 __all__ = ["axis_title", "latency_distributions", "request_timeline", "roofline_gap", "throughput_vs_concurrency"]
 
@@ -37,7 +37,7 @@ def _clock(runs: Sequence[BenchResult]) -> Clock:
     """The runs' common clock (a chart of runs on different clocks cannot label its axis)."""
     clocks = {r.clock for r in runs}
     if len(clocks) > 1:
-        raise PlotError("the runs were measured on different clocks (twin time scales); draw them apart")
+        raise PlotError("the runs were measured on different clocks (a twin's and a real server's); draw them apart")
     return clocks.pop()
 
 
@@ -68,7 +68,7 @@ def throughput_vs_concurrency(
     if not comparison.levels:
         raise PlotError("the comparison has no concurrency levels")
     labels = labels or (comparison.label_a, comparison.label_b)
-    clock = Clock(comparison.time_scale)
+    clock = comparison.clock or REAL
     words = metric_words(comparison.metric).rsplit(" (", 1)[0]
     units = units or axis_title(words, metric_unit(comparison.metric) or "value", clock)
     data, note = _throughput_frames(comparison, labels)
@@ -171,7 +171,7 @@ def _throughput_subtitle(comparison: ABComparison, labels: tuple[str, str], cloc
     if comparison.workload:
         subtitle.append(f"workload: {comparison.workload}")
     if clock.is_twin:
-        subtitle.append(f"twin run at time scale {clock.time_scale:g}, shown for the modelled hardware")
+        subtitle.append(clock.caption)
     return subtitle
 
 
@@ -200,15 +200,14 @@ def latency_distributions(
     if not runs:
         raise PlotError("no benchmark results to draw")
     clock = _clock(runs)
-    scale = clock.time_scale or 1.0
     ttft_title = axis_title("time to first token", "ms", clock)
     itl_title = axis_title("inter-token latency", "ms", clock)
     rows = []
     for i, r in enumerate(runs):
         ok = r.requests[r.requests["status"] == "ok"] if "status" in r.requests else r.requests
-        ttft: np.ndarray[Any, Any] = ok["ttft_ms"].dropna().to_numpy(dtype=float) / scale
+        ttft: np.ndarray[Any, Any] = ok["ttft_ms"].dropna().to_numpy(dtype=float)
         itl_lists = [v for v in ok["itl_ms"] if isinstance(v, (list, tuple)) and v]
-        itl: np.ndarray[Any, Any] = np.asarray([g for lst in itl_lists for g in lst], dtype=float) / scale
+        itl: np.ndarray[Any, Any] = np.asarray([g for lst in itl_lists for g in lst], dtype=float)
         for metric, values in ((ttft_title, ttft), (itl_title, itl)):
             if values.size:
                 rows.append({"run": _label(r, i), "metric": metric, **_quantiles(values)})
@@ -257,7 +256,7 @@ def latency_distributions(
         )
     subtitle = "box: 25th-75th percentile, black tick and number: median (ms), whiskers: 5th-95th percentile"
     if clock.is_twin:
-        subtitle += f"; twin run at time scale {scale:g}, shown for the modelled hardware"
+        subtitle += f"; {clock.caption}"
     chart_out: alt.HConcatChart = alt.hconcat(*panels, spacing=30).properties(
         title=alt.Title(title if isinstance(title, str) else list(title), subtitle=subtitle)
     )
@@ -296,7 +295,7 @@ def request_timeline(
     shown = d
     if len(d) > max_requests:
         shown = d.iloc[np.linspace(0, len(d) - 1, max_requests).round().astype(int)].reset_index(drop=True)
-    data = _request_parts(shown, clock.time_scale or 1.0)
+    data = _request_parts(shown)
     n = len(shown)
     bar_px = max(1.0, min(10.0, 360 / max(n, 1)))
     chart_out: alt.LayerChart = alt.layer(_request_bars(data, n, bar_px, clock)).properties(
@@ -310,7 +309,7 @@ def request_timeline(
     return chart_out
 
 
-def _request_parts(shown: pd.DataFrame, scale: float) -> pd.DataFrame:
+def _request_parts(shown: pd.DataFrame) -> pd.DataFrame:
     """One row per part of each request (from, to on the reading clock): queued, first token, decoding; a
     request that failed without a first token is one bar of its status."""
     rows = []
@@ -334,8 +333,6 @@ def _request_parts(shown: pd.DataFrame, scale: float) -> pd.DataFrame:
                 {"request": order, "id": idx, "part": f"{r.status}", "from": start, "to": start + (e2e or 0.01)}
             )
     data: pd.DataFrame = pd.DataFrame(rows)
-    data["from"] = data["from"] / scale
-    data["to"] = data["to"] / scale
     return data
 
 
@@ -376,7 +373,7 @@ def _request_subtitle(result: BenchResult, sent: int, shown: int) -> str:
     if sent > shown:
         subtitle += f"; every {sent / shown:.1f}th of {plural(sent, 'request')} shown"
     if clock.is_twin:
-        subtitle += f"; twin run at time scale {clock.time_scale or 1.0:g}, shown for the modelled hardware"
+        subtitle += f"; {clock.caption}"
     return subtitle
 
 
@@ -456,7 +453,7 @@ def roofline_gap(
         )
         subtitle.append(f"{best_name} reaches {best / b.tok_s:.1%} of the highest bound")
     if clock.is_twin:
-        subtitle.append(f"twin run at time scale {clock.time_scale:g}, shown for the modelled hardware")
+        subtitle.append(clock.caption)
     chart_out: alt.LayerChart = alt.layer(bars, values, rule, rule_text).properties(
         width=WIDTH,
         height=max(120, 44 * len(order)),

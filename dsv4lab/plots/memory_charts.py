@@ -190,7 +190,7 @@ def memory_timeline(
     ``mem_fraction_static`` puts under weights + KV pool, and the OOM marked with its figures.
 
     ``clock`` is the server's (a twin's samples are drawn on the modelled hardware's time axis, and the
-    axis says so); by default the one the samples carry (``samples.attrs["time_scale"]``), else as measured.
+    axis says so); by default the one the samples carry (``samples.attrs["clock"]``), else as measured.
 
     ``samples`` is :meth:`dsv4lab.serving.gpumem.GpuSampler.frame`. Give the server's ``log`` (a local path or its
     lines) and the phases and the OOM are read from it on the samples' clock (the host's UTC offset they
@@ -267,8 +267,8 @@ def _timeline_frames(
         t0 = pd.Timestamp(first["time"]) - pd.Timedelta(seconds=float(first["t"]))
     data = downsample_timeline(data, max_points - 64)
     if clock is None:
-        scale = samples.attrs.get("time_scale")
-        clock = Clock.twin(float(scale)) if isinstance(scale, (int, float)) and scale > 0 else REAL
+        kind = samples.attrs.get("clock")
+        clock = Clock.twin(None) if isinstance(kind, str) and kind.startswith("twin") else REAL
     spans = _spans_frame(phases, t0)
     axis = _TimeAxis.over(_reading_time(clock, spans), data["t"])
     total = float(data["total_mib"].max()) / 1024
@@ -546,10 +546,10 @@ def _timeline_subtitle(f: _TimelineFrames, samples: pd.DataFrame) -> str:
     if f.t0 is not None:
         start = f" from {f.t0.strftime('%Y-%m-%d %H:%M:%S')} (host time, UTC{_offset(f.t0)})"
     interval = samples.attrs.get("interval_ms")
-    every = f" every {fmt_ms(f.clock.seconds(float(interval)))}" if interval else ""
+    every = f" every {fmt_ms(float(interval))}" if interval else ""
     subtitle = f"{f.device.source}{every}{start}; {plural(len(f.gpu_names), f.device.counted)}"
     if f.clock.is_twin:
-        subtitle += f"; twin run at time scale {f.clock.time_scale:g}, times shown for the modelled hardware"
+        subtitle += "; twin run: times on the modelled hardware's clock"
     return subtitle
 
 
@@ -562,7 +562,7 @@ def _reading_time(clock: Clock, spans: pd.DataFrame) -> Callable[[float], float]
     origin = float(spans["start_s"].min()) if not spans.empty else 0.0
 
     def reading(t: float) -> float:
-        return clock.seconds(t - origin) if t >= origin else t - origin
+        return t - origin
 
     return reading
 

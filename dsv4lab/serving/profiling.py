@@ -56,13 +56,13 @@ class KernelBreakdown:
     kinds: pd.DataFrame
     total_ms: float
     source: str
-    #: The profiled server's clock: the trace's times are the twin's on the twin (views convert them).
+    #: The profiled server's clock: a twin's trace is on its modelled clock, a real server's as measured.
     clock: Clock = REAL
 
     @property
     def gpu_ms(self) -> float:
         """Total GPU kernel time on the reader's clock (the modelled hardware on the twin)."""
-        return self.clock.seconds(self.total_ms)
+        return self.total_ms
 
     def share(self, kind: str) -> float:
         row = self.kinds[self.kinds["kind"] == kind]
@@ -78,14 +78,13 @@ class KernelBreakdown:
 
         ms = f"GPU time (ms{', modelled' if self.clock.is_twin else ''})"
         kinds = [
-            {"kind": r["kind"], ms: self.clock.seconds(float(r["ms"])), "share": f"{r['share']:.0%}"}
-            for _, r in self.kinds.iterrows()
+            {"kind": r["kind"], ms: float(r["ms"]), "share": f"{r['share']:.0%}"} for _, r in self.kinds.iterrows()
         ]
         top = [
             {
                 "kernel": r["kernel"],
                 "kind": r["kind"],
-                ms: self.clock.seconds(float(r["ms"])),
+                ms: float(r["ms"]),
                 "share": f"{r['share']:.1%}",
             }
             for _, r in self.kernels.head(25).iterrows()

@@ -190,8 +190,8 @@ class Readiness:
         if not self.clock.is_twin:
             return t
         if log_t is not None:
-            return self.clock.seconds(max(0.0, log_t))
-        return self.clock.seconds(max(0.0, t - (self.first_line_s or 0.0)))
+            return max(0.0, log_t)
+        return max(0.0, t - (self.first_line_s or 0.0))
 
     @property
     def startup_s(self) -> float:

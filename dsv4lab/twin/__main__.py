@@ -29,6 +29,7 @@ from dsv4lab.errors import DSV4LabError
 from dsv4lab.model.memory import Preflight, preflight
 from dsv4lab.twin import http as twin_http
 from dsv4lab.twin.args import TwinArgs, parse_args
+from dsv4lab.twin.clock import TwinClock
 from dsv4lab.twin.kernels import find_kernel_configs
 from dsv4lab.twin.logfmt import LogWriter, Rank
 from dsv4lab.twin.memsim import plan_rank
@@ -141,11 +142,12 @@ class Twin:
         self.model = model
         self.p = p
         self.release = settings.release
-        self.log = LogWriter(self.release)
+        c = args.config
+        self.clock = TwinClock(settings.pace, ranks=c.dp * (c.tp // c.nnodes))
+        self.log = LogWriter(self.release, clock=self.clock)
         self.children: list[Child] = []
         self.rank_children: list[Child] = []
         self.pid = os.getpid()
-        c = args.config
         self.context_len = c.context_length or model.default_context_length
         self.kernels = find_kernel_configs(settings.kernel_config_dir, settings.hardware, model)
         self.tp_local = c.tp // c.nnodes
@@ -154,7 +156,7 @@ class Twin:
 
     def die(self, *, include_parent: bool = True) -> None:
         # The GPUs read as in use until the driver has released the killed processes' memory.
-        release_state(self.settings.state_dir, self.pid, RELEASE_S * self.settings.time_scale)
+        release_state(self.settings.state_dir, self.pid, RELEASE_S * (self.settings.pace or 0.0))
         kill_process_tree(
             self.children, self.log, include_parent=include_parent, logs_call=self.release.logs_kill_process_tree
         )
@@ -199,6 +201,7 @@ class Twin:
                 summary=summary,
                 mem_fraction_static=s.mem_fraction_static,
                 main_pid=self.pid,
+                clock=self.clock,
                 times=PhaseTimes(),
                 lockstep=lockstep,
             )
@@ -225,18 +228,17 @@ class Twin:
         pending = {fd: child for fd, child in zip(fds, self.rank_children, strict=False)}
         silent = self.settings.fault_named("silent_death")
         t = PhaseTimes()
-        scale = self.settings.time_scale
-        kill_at = None
+        kill_at = None  # on the modelled clock
         if silent is not None:
             load_s = self.model.weights_gib(self.args.config.tp) / t.weight_load_gib_per_s
-            kill_at = time.monotonic() + (t.init_s + silent.value * load_s) * scale
+            kill_at = self.clock.now() + t.init_s + silent.value * load_s
         while pending:
-            timeout = 1.0 if kill_at is None else max(0.0, min(1.0, kill_at - time.monotonic()))
+            timeout = 1.0 if kill_at is None else 0.005
             try:
                 ready, _, _ = select.select(list(pending), [], [], timeout)
             except InterruptedError:
                 continue
-            if kill_at is not None and time.monotonic() >= kill_at:
+            if kill_at is not None and self.clock.now() >= kill_at:
                 for child in self.children:  # silent death: no message from anyone
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(child.pid, signal.SIGKILL)
@@ -335,14 +337,14 @@ class Twin:
             accept_alpha=max(0.0, min(1.0, self.model.mtp_accept_mean - 1.0)),
             num_draft_steps=(spec.num_steps or 1) if spec else 0,
         )
-        rank0_log = LogWriter(self.release, Rank(gpu=0, tp_rank=0, tp_size=c.tp, dp_size=c.dp))
+        rank0_log = LogWriter(self.release, Rank(gpu=0, tp_rank=0, tp_size=c.tp, dp_size=c.dp), clock=self.clock)
 
         def on_step(start: float, cost: Any, duration: float) -> None:
             if profiler.record(start, cost, duration):
                 path = profiler.stop()
                 self.log.log(f"Profiling done. Traces are saved to: {path.parent}")
 
-        return Scheduler(timing, limits, self.release, rank0_log, self.settings.time_scale, self.settings.seed, on_step)
+        return Scheduler(timing, limits, self.release, rank0_log, self.clock, self.settings.seed, on_step)
 
     def _server_state(self, scheduler: Scheduler, profiler: Profiler) -> twin_http.ServerState:
         """What the endpoints answer from: the resolved args, the memory figures, the twin's own facts."""
@@ -361,7 +363,8 @@ class Twin:
             memory_usage=self._memory_usage(),
             twin={
                 "hardware": self.settings.hardware.name,
-                "time_scale": self.settings.time_scale,
+                "clock": self.clock.mode,
+                "pace": self.settings.pace,
                 "fault": str(self.settings.fault) if self.settings.fault else None,
                 "seed": self.settings.seed,
                 "sglang_version": self.release.version,
@@ -399,7 +402,8 @@ class Twin:
         crash = self.settings.fault_named("crash_serving")
         if crash is not None and self.rank_children:
             pid = self.rank_children[0].pid
-            loop.call_later(crash.value * self.settings.time_scale, lambda: _signal(pid, signal.SIGUSR1))
+            # After that many modelled seconds; an idle twin's virtual time follows the wall clock.
+            loop.call_later(crash.value * (self.settings.pace or 1.0), lambda: _signal(pid, signal.SIGUSR1))
 
     async def _warmup(self, host: str, port: int) -> bool:
         target = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - comparing, not binding
@@ -514,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for w in args.warnings:
         log.log(w)
     twin = Twin(settings, args, model, p)
-    log.log(_format_server_args(_server_args(args, p, twin.context_len), settings.release.key >= (0, 5, 23)))
+    twin.log.log(_format_server_args(_server_args(args, p, twin.context_len), settings.release.key >= (0, 5, 23)))
     signal.signal(signal.SIGQUIT, twin._launch_sigquit)
     fds = twin.spawn()
     write_main_state(

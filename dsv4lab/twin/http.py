@@ -3,7 +3,13 @@
 Served by aiohttp in the main process, with uvicorn-style access-log lines. ``/health`` answers 503 until
 warmup is done (like SGLang's Starting state) and then runs a 1-token generation when idle; info endpoints
 exist under the emulated release's names (old ``/get_*`` names everywhere, new ones from 0.5.16, where
-the old ones log a deprecation warning). ``/server_info`` says that this is a twin and at which time scale.
+the old ones log a deprecation warning). ``/server_info`` says that this is a twin and on which clock.
+
+Every streamed chunk and every response carries the modelled moment it stands for: ``twin_t`` (when its
+tokens were produced) and ``twin_arrival`` (when the request arrived), in seconds from the start of the
+request's session (``POST /twin/sessions``: a client announcing a run, see :mod:`.sessions`; the headers
+``X-Twin-Session`` and ``X-Twin-Seq`` put a request in it), or of the twin's timeline without one. JSON
+clients ignore keys they do not know; the lab's client reads its figures from them.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +32,8 @@ from aiohttp.typedefs import Handler, Middleware
 from dsv4lab.config.versions import SGLangRelease
 from dsv4lab.twin.logfmt import LogWriter
 from dsv4lab.twin.profiler import Profiler
-from dsv4lab.twin.scheduler import Request, Scheduler
+from dsv4lab.twin.scheduler import Request, Scheduler, Token
+from dsv4lab.twin.sessions import Session, SessionError
 
 __all__ = ["ServerState", "build_app", "build_dummy_health_app", "count_tokens"]
 
@@ -99,6 +106,9 @@ _NEW_NAMES: _Release = (0, 5, 16)  # /model_info and /server_info; the old /get_
 _V0_5_23: _Release = (0, 5, 23)
 #: Answered without the API key (what load balancers and Prometheus poll).
 _OPEN_PATHS = ("/health", "/health_generate", "/ping", "/metrics")
+#: The headers that put a request in an announced session, at its place in the session's schedule.
+SESSION_HEADER = "X-Twin-Session"
+SEQ_HEADER = "X-Twin-Seq"
 
 
 @dataclass(frozen=True)
@@ -212,7 +222,12 @@ def _server_info_data(state: ServerState) -> dict[str, Any]:
         max_req_input_len=state.context_len - 1,
         internal_states=[internal],
         version=state.release.version,
-        twin={**state.twin, "behind_s_max": round(s.stats.behind_s_max, 3)},
+        twin={
+            **state.twin,
+            "now_s": s.base + s.now,
+            "behind_s_max": round(s.stats.behind_s_max, 3),
+            "sessions_dropped": s.stats.sessions_dropped,
+        },
     )
     if state.release.key >= _V0_5_23:
         data.update(startup_time=state.started_at, frontend="http")
@@ -319,7 +334,7 @@ def _native_meta(state: ServerState, req: Request, done: bool) -> dict[str, Any]
         "prompt_tokens": req.prompt_tokens,
         "completion_tokens": req.generated,
         "cached_tokens": 0,
-        "e2e_latency": time.monotonic() - req.created,
+        "e2e_latency": (req.finished_at if req.finished_at is not None else state.scheduler.now) - req.created,
     }
     if state.scheduler.spec:
         m["spec_accept_length"] = req.spec_accept_length
@@ -334,16 +349,27 @@ async def _generate(state: ServerState, request: web.Request) -> web.StreamRespo
     max_new = int(sp.get("max_new_tokens", 128))
     bad = _check_len(state, prompt, max_new)
     if bad is not None:
-        return bad
-    req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
+        return _refused(state, request, bad)
+    req = _submit(state, request, prompt, max_new)
+    if isinstance(req, web.Response):
+        return req
     if not body.get("stream"):
-        await _drain(req)
-        return _json({"text": token_text(0, req.generated), "meta_info": _native_meta(state, req, True), "index": 0})
+        t = await _drain(req)
+        out = {"text": token_text(0, req.generated), "meta_info": _native_meta(state, req, True), "index": 0}
+        return _json({**out, **_stamps(state, req, t)})
     resp = await _sse(request)
     try:
-        async for _, done in _events(req):
-            chunk = {"text": token_text(0, req.generated), "meta_info": _native_meta(state, req, done), "index": 0}
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        generated = 0
+        parts = []
+        async for items in _events(req):
+            for n, done, t in items:
+                generated += n
+                meta = _native_meta(state, req, done)
+                meta["completion_tokens"] = generated
+                chunk = {"text": token_text(0, generated), "meta_info": meta, "index": 0, **_stamps(state, req, t)}
+                parts.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"".join(parts))
+            parts.clear()
         await resp.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         state.scheduler.abort(req)
@@ -359,6 +385,21 @@ async def _completions(state: ServerState, request: web.Request) -> web.StreamRe
 async def _chat(state: ServerState, request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     return await _openai(state, request, body, chat=True)
+
+
+async def _open_session(state: ServerState, request: web.Request) -> web.Response:
+    body = await _body(request)
+    try:
+        session = state.scheduler.open_session(body.get("schedule") or [], body.get("cap"), body.get("key"))
+    except SessionError as exc:
+        return _error(str(exc))
+    return _json({"id": session.sid, "clock": state.twin["clock"], "requests": len(session.schedule)})
+
+
+async def _close_session(state: ServerState, request: web.Request) -> web.Response:
+    if not state.scheduler.close_session(request.match_info["sid"]):
+        return _error(f"no open session {request.match_info['sid']!r}", 404)
+    return web.Response(status=204)
 
 
 #: Every endpoint of every emulated release, in registration order; :func:`build_app` keeps the release's rows.
@@ -384,6 +425,8 @@ _ROUTES: tuple[_Route, ...] = (
     _Route(_POST, "/generate", _generate),
     _Route(_POST, "/v1/completions", _completions),
     _Route(_POST, "/v1/chat/completions", _chat),
+    _Route(_POST, "/twin/sessions", _open_session),
+    _Route(("DELETE",), "/twin/sessions/{sid}", _close_session),
 )
 
 
@@ -418,20 +461,66 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-async def _drain(req: Request) -> None:
-    async for _ in _events(req):
-        pass
+async def _drain(req: Request) -> float:
+    """Wait for the request's end; the modelled moment of its last token."""
+    t = 0.0
+    async for items in _events(req):
+        t = items[-1][2]
+    return t
 
 
-async def _events(req: Request) -> Any:
-    """(new tokens, finished) per wake-up; notifications that piled up are merged into one."""
+async def _events(req: Request) -> AsyncIterator[list[Token]]:
+    """The request's notifications, a batch per wake-up (each step's tokens stay a chunk of their own, with
+    their own stamp: merging them would make the chunks depend on how fast the host ran the handlers)."""
     while True:
         items = await req.events.get_all()
-        n = sum(i[0] for i in items)
-        done = items[-1][1]
-        yield n, done
-        if done:
+        yield items
+        if items[-1][1]:
             return
+
+
+def _stamps(state: ServerState, req: Request, t: float) -> dict[str, float]:
+    """The modelled moments a chunk carries: from its session's start, or on the twin's timeline."""
+    origin = req.session.t0 if req.session is not None else -state.scheduler.base
+    return {"twin_t": t - origin, "twin_arrival": req.created - origin}
+
+
+def _submit(state: ServerState, request: web.Request, prompt: int, max_new: int) -> Request | web.Response:
+    """Schedule a request, in its session when its headers name one."""
+    s = state.scheduler
+    found = _session_of(state, request)
+    if isinstance(found, web.Response):
+        return found
+    req = Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new))
+    if found is None:
+        return s.submit(req)
+    session, seq = found
+    s.submit_to(session, seq, req)
+    return req
+
+
+def _session_of(state: ServerState, request: web.Request) -> tuple[Session, int] | web.Response | None:
+    sid = request.headers.get(SESSION_HEADER)
+    if sid is None:
+        return None
+    session = state.scheduler.sessions.get(sid)
+    raw = request.headers.get(SEQ_HEADER, "")
+    if session is None:
+        return _error(f"{SESSION_HEADER} {sid!r} names no open session (it ended, or was never opened)", 404)
+    if not raw.isdigit() or int(raw) >= len(session.schedule) or int(raw) in session.received:
+        return _error(
+            f"{SEQ_HEADER} must be a request's place in the session's schedule, each sent once: 0 to "
+            f"{len(session.schedule) - 1}, got {raw!r}"
+        )
+    return session, int(raw)
+
+
+def _refused(state: ServerState, request: web.Request, response: web.Response) -> web.Response:
+    """A session request answered with an error before it was scheduled: its slot frees at its arrival."""
+    found = _session_of(state, request)
+    if isinstance(found, tuple):
+        state.scheduler.submit_to(found[0], found[1], None)
+    return response
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:
@@ -480,6 +569,7 @@ class _Completion:
     req: Request
     chat: bool
     model: str
+    state: ServerState
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -499,7 +589,7 @@ class _Completion:
             "prompt_tokens_details": None,
         }
 
-    def reply(self) -> web.Response:
+    def reply(self, t: float) -> web.Response:
         text = token_text(0, self.req.generated)
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "matched_stop": None, "logprobs": None}
         if self.chat:
@@ -514,6 +604,7 @@ class _Completion:
                 "model": self.model,
                 "choices": [choice],
                 "usage": self.usage(),
+                **_stamps(self.state, self.req, t),
             }
         )
 
@@ -535,11 +626,18 @@ class _Completion:
         prefix = "data: " + head + ('"delta":{"content":' if chat else '"text":')
         close = '},"logprobs":null,"finish_reason":' if chat else ',"logprobs":null,"finish_reason":'
         pos = 0
-        async for n, done in _events(self.req):
-            piece = token_json(pos, n)
-            pos += n
-            finish = '"length"}]}\n\n' if done else "null}]}\n\n"
-            await resp.write((prefix + piece + close + finish).encode())
+        req, state = self.req, self.state
+        parts: list[str] = []
+        async for items in _events(req):
+            for n, done, t in items:
+                piece = token_json(pos, n)
+                pos += n
+                stamps = _stamps(state, req, t)
+                finish = '"length"}]' if done else "null}]"
+                end = f',"twin_t":{stamps["twin_t"]!r},"twin_arrival":{stamps["twin_arrival"]!r}}}\n\n'
+                parts.append(prefix + piece + close + finish + end)
+            await resp.write("".join(parts).encode())
+            parts.clear()
         if include_usage:
             tail = {
                 "id": rid,
@@ -560,12 +658,14 @@ async def _openai(state: ServerState, request: web.Request, body: dict[str, Any]
     prompt, max_new = lengths
     bad = _check_len(state, prompt, max_new)
     if bad is not None:
-        return bad
-    req = state.scheduler.submit(Request(prompt_tokens=max(1, prompt), max_new_tokens=max(1, max_new)))
-    completion = _Completion(req, chat, state.served_model_name)
+        return _refused(state, request, bad)
+    req = _submit(state, request, prompt, max_new)
+    if isinstance(req, web.Response):
+        return req
+    completion = _Completion(req, chat, state.served_model_name, state)
     if not body.get("stream"):
-        await _drain(req)
-        return completion.reply()
+        t = await _drain(req)
+        return completion.reply(t)
     opts = body.get("stream_options") or {}
     include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
     resp = await _sse(request)
@@ -594,6 +694,7 @@ def _metrics_text(state: ServerState) -> str:
         "is_cuda_graph": ("Whether the batch is using CUDA graph.", 1.0 if s.stats.last_cuda_graph else 0.0),
         "utilization": ("The utilization.", 1.0 if s.busy else 0.0),
     }
+    twin_now = s.base + s.now
     counters = {
         "prompt_tokens_total": ("Number of prefill tokens processed.", s.stats.prompt_tokens_total),
         "generation_tokens_total": ("Number of generation tokens processed.", s.stats.generation_tokens_total),
@@ -625,6 +726,11 @@ def _metrics_text(state: ServerState) -> str:
             f"sglang:{name}_sum{{{labels}}} {float(total)}",
             f"sglang:{name}_count{{{labels}}} {float(count)}",
         ]
+    out += [
+        "# HELP dsv4lab_twin_time_seconds The twin's modelled time when this reading was taken.",
+        "# TYPE dsv4lab_twin_time_seconds gauge",
+        f"dsv4lab_twin_time_seconds {twin_now!r}",
+    ]
     return "\n".join(out) + "\n"
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from dsv4lab.config.versions import SGLangRelease
+from dsv4lab.twin.clock import TwinClock
 
 __all__ = ["GiB", "LogWriter", "Progress", "Rank", "fmt_gb", "format_size", "rank_prefix"]
 
@@ -71,14 +72,18 @@ def format_size(n_bytes: float) -> str:
 class LogWriter:
     """Writes prefixed, timestamped records to a file descriptor, one ``write`` per record."""
 
-    def __init__(self, release: SGLangRelease, rank: Rank | None = None, fd: int = 1) -> None:
+    def __init__(
+        self, release: SGLangRelease, rank: Rank | None = None, fd: int = 1, clock: TwinClock | None = None
+    ) -> None:
         self.release = release
         self.prefix = rank_prefix(release, rank)
         self.fd = fd
         self.ms = os.environ.get("SGLANG_LOG_MS", "") == "1"
+        #: Whose time the stamps tell: the twin's modelled clock (None: the wall clock).
+        self.clock = clock
 
     def stamp(self) -> str:
-        now = time.time()
+        now = self.clock.stamp() if self.clock is not None else time.time()
         text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
         if self.ms:
             text += f".{int(now * 1000) % 1000:03d}"

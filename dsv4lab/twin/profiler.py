@@ -63,11 +63,12 @@ class Profiler:
         self.num_steps = num_steps
         self.started_at = time.time()
 
-    def record(self, start_loop_time: float, cost: StepCost | None, duration: float) -> bool:
-        """Record one iteration; True when ``num_steps`` were reached (the caller then stops)."""
+    def record(self, start: float, cost: StepCost | None, duration: float) -> bool:
+        """Record one iteration (its start and duration in modelled seconds, on the twin's clock); True when
+        ``num_steps`` were reached (the caller then stops)."""
         if not self.active:
             return False
-        self.steps.append((time.time() - duration, cost, duration))
+        self.steps.append((start, cost, duration))
         return self.num_steps is not None and len(self.steps) >= self.num_steps
 
     def stop(self) -> Path:

@@ -47,8 +47,9 @@ class TwinSettings:
     """What the twin emulates besides SGLang's flags."""
 
     hardware: HardwareProfile
-    #: Every duration (startup phases, decode steps, prefill) is multiplied by this; 1.0 = real time.
-    time_scale: float
+    #: Wall seconds per modelled second when paced (1.0 = real time); None: virtual time, as fast as the host
+    #: computes (see :mod:`dsv4lab.twin.clock`).
+    pace: float | None
     fault: Fault | None
     seed: int
     release: SGLangRelease
@@ -60,13 +61,7 @@ class TwinSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> TwinSettings:
         env = os.environ if env is None else env
         hw = _allocated(hardware_profile(env.get("DSV4LAB_TWIN_HARDWARE", "").strip() or DEFAULT_HARDWARE), env)
-        raw_scale = env.get("DSV4LAB_TWIN_TIME_SCALE", "").strip() or "1"
-        try:
-            scale = float(raw_scale)
-        except ValueError:
-            raise ConfigError("DSV4LAB_TWIN_TIME_SCALE", raw_scale, "a positive number (1 = real time)") from None
-        if not (math.isfinite(scale) and scale > 0):
-            raise ConfigError("DSV4LAB_TWIN_TIME_SCALE", raw_scale, "a positive number (1 = real time)")
+        pace = _pace(env)
         raw_seed = env.get("DSV4LAB_TWIN_SEED", "").strip() or "0"
         try:
             seed = int(raw_seed)
@@ -77,7 +72,7 @@ class TwinSettings:
         kdir = env.get("DSV4LAB_TWIN_KERNEL_CONFIG_DIR", "").strip()
         return cls(
             hardware=hw,
-            time_scale=scale,
+            pace=pace,
             fault=_fault(env.get("DSV4LAB_TWIN_FAULT")),
             seed=seed,
             release=release,
@@ -87,6 +82,23 @@ class TwinSettings:
 
     def fault_named(self, name: str) -> Fault | None:
         return self.fault if self.fault is not None and self.fault.name == name else None
+
+
+def _pace(env: Mapping[str, str]) -> float | None:
+    """``DSV4LAB_TWIN_PACE`` (or its old name ``DSV4LAB_TWIN_TIME_SCALE``): a positive number paces the twin;
+    empty or absent is virtual time."""
+    for name in ("DSV4LAB_TWIN_PACE", "DSV4LAB_TWIN_TIME_SCALE"):
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(name, raw, "a positive number of wall seconds per modelled second, or empty") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(name, raw, "a positive number of wall seconds per modelled second, or empty")
+        return value
+    return None
 
 
 def _fault(text: str | None) -> Fault | None:

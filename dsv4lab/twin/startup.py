@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from dsv4lab.config.versions import SGLangRelease
 from dsv4lab.twin import logfmt
+from dsv4lab.twin.clock import TwinClock
 from dsv4lab.twin.kernels import KernelConfigs
 from dsv4lab.twin.logfmt import LogWriter, Progress, Rank
 from dsv4lab.twin.memsim import GraphPlan, OutOfMemory, RankMemoryPlan
@@ -72,11 +73,16 @@ class Lockstep:
             multiprocessing.get_context("fork").Barrier(ranks) if ranks > 1 else None
         )
 
-    def meet(self) -> None:
+    def meet(self, clock: TwinClock | None = None) -> None:
+        """Wait for every rank; with ``clock``, every rank leaves at the modelled time of the last to arrive
+        (a second meeting, so that no rank reads the others' times while one has already moved on)."""
         if self._barrier is None:
             return
         with contextlib.suppress(threading.BrokenBarrierError):
             self._barrier.wait(LOCKSTEP_TIMEOUT_S)
+            if clock is not None:
+                clock.catch_up()
+                self._barrier.wait(LOCKSTEP_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class RankContext:
     summary: str  # the max_total_num_tokens line (first rank logs it)
     mem_fraction_static: float
     main_pid: int
+    clock: TwinClock = field(default_factory=lambda: TwinClock(None))
     times: PhaseTimes = PhaseTimes()
     lockstep: Lockstep = field(default_factory=lambda: Lockstep(1))
 
@@ -241,15 +248,17 @@ def serving_crash_traceback() -> str:
 
 
 class _Clock:
-    """Scaled sleeps (time scale x slow-start factor)."""
+    """A phase's modelled duration on the twin's clock (times the slow-start factor): slept when paced,
+    counted at once in virtual time."""
 
-    def __init__(self, settings: TwinSettings) -> None:
+    def __init__(self, settings: TwinSettings, clock: TwinClock) -> None:
         slow = settings.fault_named("slow_start")
-        self.factor = settings.time_scale * (slow.value if slow else 1.0)
+        self.factor = slow.value if slow else 1.0
+        self.clock = clock
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            time.sleep(seconds * self.factor)
+            self.clock.sleep(seconds * self.factor)
 
 
 def report_failure(log: LogWriter, text: str, main_pid: int) -> None:
@@ -304,8 +313,8 @@ class _RankStartup:
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
         self.release = ctx.settings.release
-        self.log = LogWriter(self.release, ctx.rank)
-        self.clock = _Clock(ctx.settings)
+        self.log = LogWriter(self.release, ctx.rank, clock=ctx.clock)
+        self.clock = _Clock(ctx.settings, ctx.clock)
         self.mem = ctx.plan.memory(ctx.settings.seed)
         self.first_graph = True
 
@@ -314,19 +323,19 @@ class _RankStartup:
 
     def init_distributed(self) -> None:
         ctx = self.ctx
-        t0 = time.monotonic()
+        t0 = self.ctx.clock.now()
         self.log.log(logfmt.init_begin(self.release))
         self.clock.sleep(ctx.times.init_s)
         if ctx.settings.fault_named("nccl_error") and ctx.rank.tp_rank == min(1, ctx.rank.tp_size - 1):
             raise SchedulerFailure(nccl_error_traceback())
-        for line in logfmt.init_end(self.release, time.monotonic() - t0, ctx.plan.context_gib):
+        for line in logfmt.init_end(self.release, self.ctx.clock.now() - t0, ctx.plan.context_gib):
             self.log.log(line)
 
     def load_weights(self, gib: float, shards: int, cls: str) -> None:
         """A model's weights, in shards (rank 0 shows the shard bar, as SGLang's loader does)."""
         ctx, mem = self.ctx, self.mem
         self.log.log(f"Load weight begin. avail mem={logfmt.fmt_gb(mem.free_gib)} GB")
-        t = time.monotonic()
+        t = self.ctx.clock.now()
         before = mem.free_gib
         bar = Progress("Loading safetensors checkpoint shards", shards) if ctx.is_first and shards > 1 else None
         for _ in range(shards):
@@ -341,12 +350,14 @@ class _RankStartup:
         if bar:
             bar.close()
         self.log.log(
-            logfmt.load_weight_end(self.release, time.monotonic() - t, cls, "fp8", mem.free_gib, before - mem.free_gib)
+            logfmt.load_weight_end(
+                self.release, self.ctx.clock.now() - t, cls, "fp8", mem.free_gib, before - mem.free_gib
+            )
         )
 
     def kv_pool(self, gib: float, tokens: int, bytes_per_token: float) -> None:
         ctx = self.ctx
-        ctx.lockstep.meet()  # the all-reduce of free memory that sizes the pool
+        ctx.lockstep.meet(ctx.clock)  # the all-reduce of free memory that sizes the pool
         if gib <= 0 or tokens <= 0:
             raise SchedulerFailure(_kv_error_traceback(self.release, ctx.mem_fraction_static))
         if self.release.key < (0, 5, 16) and ctx.is_first:
@@ -368,8 +379,8 @@ class _RankStartup:
         show_lines = not (draft and release.key >= (0, 5, 16)) or self.ctx.is_first  # 0.5.16+: draft from rank 0
         first = self.first_graph
         if first:
-            self.ctx.lockstep.meet()  # capture's collectives start every rank together
-        t = time.monotonic()
+            self.ctx.lockstep.meet(self.ctx.clock)  # capture's collectives start every rank together
+        t = self.ctx.clock.now()
         before = mem.free_gib
         if show_lines:
             self.log.log(logfmt.capture_begin(release, gp.role, gp.runner, gp.tokens_per_req, gp.bs, mem.free_gib))
@@ -396,7 +407,7 @@ class _RankStartup:
         if show_lines:
             used = before - mem.free_gib
             self.log.log(
-                logfmt.capture_end(release, gp.role, gp.runner, gp.bs, time.monotonic() - t, used, mem.free_gib)
+                logfmt.capture_end(release, gp.role, gp.runner, gp.bs, self.ctx.clock.now() - t, used, mem.free_gib)
             )
 
     def register_buffers(self, draft: bool) -> None:
@@ -451,7 +462,8 @@ def _write_ready(fd: int) -> None:
 
 def rank_main(ctx: RankContext, ready_fd: int) -> None:
     """Body of a forked rank process: start, report ready through the pipe, then idle until killed."""
-    log = LogWriter(ctx.settings.release, ctx.rank)
+    ctx.clock.as_rank(ctx.rank.gpu)
+    log = LogWriter(ctx.settings.release, ctx.rank, clock=ctx.clock)
     crash = {"now": False}
 
     def on_usr1(signum: int, frame: object) -> None:

@@ -121,7 +121,7 @@ class SpeedDrift:
     next step's duration; its stationary coefficient of variation is ``cv``, its memory ``tau_s``.
     """
 
-    def __init__(self, cv: float, tau_s: float, seed: int) -> None:
+    def __init__(self, cv: float, tau_s: float, seed: int | str) -> None:
         self._sigma = math.log1p(cv) if cv > 0 else 0.0
         self._tau = max(tau_s, 1e-6)
         self._rng = random.Random(seed)

@@ -75,7 +75,7 @@ class ConfigPanel:
 
     Example::
 
-        panel = ConfigPanel(Lab(time_scale=0.05, progress=False), preset="config_b_fixed")
+        panel = ConfigPanel(Lab(pace=0.05, progress=False), preset="config_b_fixed")
         panel                                   # the form; or headless:
         panel.set(cuda_graph_max_bs=None)       # -> panel.verdict == "fail", panel.suggestions
         panel.suggestion_buttons[0].click()     # -> "ok"
@@ -83,7 +83,7 @@ class ConfigPanel:
 
     Args:
         lab: the session to launch on; by default one is made at the first launch from ``host``,
-            ``target``, ``time_scale`` and ``run_root`` (and another when the hardware or release picker
+            ``target``, ``pace`` and ``run_root`` (and another when the hardware or release picker
             changes). The panel draws its own progress, so it turns the lab's progress lines off: drawn
             from a worker thread they would land in whichever cell runs.
         preset: the starting config, also what "changes" are measured against.
@@ -103,7 +103,7 @@ class ConfigPanel:
         target: str = "twin",
         hardware: str | None = None,
         sglang_version: str | None = None,
-        time_scale: float = 0.05,
+        pace: float | None = 0.05,
         preset: str = "config_b_fixed",
         concurrency: Sequence[int] | str = (1, 16),
         run_root: str | Path = "runs",
@@ -122,7 +122,8 @@ class ConfigPanel:
             sglang_version = sglang_version or lab.sglang_version
         self.host = host
         self.target = target
-        self.time_scale = time_scale
+        #: The twin's pace: the panel watches servers start and crash live, which needs wall time.
+        self.pace = pace
         self.run_root = run_root
         self.debounce_s = debounce_s
         self.charts = charts

@@ -2,7 +2,7 @@
 
 An interactive tweak is not a result until it has run the way a report runs: headless, from parameters,
 leaving a report. The experiment notebooks take flat parameters (``host``, ``target``, ``hardware``,
-``sglang_version``, ``time_scale``, ``preset``, ``overrides``, ``concurrency``); the panel's config becomes
+``sglang_version``, ``pace``, ``preset``, ``overrides``, ``concurrency``); the panel's config becomes
 the preset it started from plus the difference as ``overrides`` (``"mem_fraction_static=0.6
 cuda_graph_max_bs=16"``, dotted names for nested settings, ``none`` for unset), so the report shows the
 same small diff the user made, not a wall of values. Only the parameters a notebook declares are passed.
@@ -67,7 +67,7 @@ def experiment_parameters(
     target: str,
     hardware: str,
     sglang_version: str,
-    time_scale: float,
+    pace: float | None,
     concurrency: Sequence[int],
     declared: set[str] | None = None,
 ) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def experiment_parameters(
         "target": target,
         "hardware": hardware,
         "sglang_version": sglang_version,
-        "time_scale": float(time_scale),
+        "pace": float(pace or 0.0),
         "preset": preset,
         "overrides": overrides_text(changes),
         "concurrency": [int(c) for c in concurrency],

@@ -40,7 +40,7 @@ class PanelState(Protocol):
 
     host: str
     target: str
-    time_scale: float
+    pace: float | None
     run_root: str | Path
     given_lab: Lab | None
     preset_name: str
@@ -212,7 +212,7 @@ class ServerActions:
                 target=target,
                 hardware=p.hardware,
                 sglang_version=p.sglang_version,
-                time_scale=given.time_scale if given is not None else p.time_scale,
+                pace=given.pace if given is not None else p.pace,
                 run_root=given.run_root if given is not None else p.run_root,
                 progress=False,
             )
@@ -358,7 +358,7 @@ class ServerActions:
             target=self.lab_target(),
             hardware=p.hardware,
             sglang_version=p.sglang_version,
-            time_scale=self.lab_time_scale(),
+            pace=self.lab_pace(),
             concurrency=levels,
             declared=ex.declared_parameters(notebook),
         )
@@ -378,9 +378,9 @@ class ServerActions:
         given = self.panel.given_lab
         return str(given.target) if given is not None else self.panel.target
 
-    def lab_time_scale(self) -> float:
+    def lab_pace(self) -> float | None:
         given = self.panel.given_lab
-        return float(given.time_scale) if given is not None else float(self.panel.time_scale)
+        return given.pace if given is not None else self.panel.pace
 
     # -- teardown ------------------------------------------------------------------------------------------
 

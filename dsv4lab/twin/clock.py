@@ -1,0 +1,137 @@
+"""The twin's modelled clock: one timeline for the scheduler, the ranks' startup, the log and the stand-ins.
+
+Why the twin keeps its own time: a twin that paces modelled GPU time on the wall clock turns every stall of
+its host (a busy core, a slow disk write, the garbage collector) into modelled seconds, magnified by the
+time scale (a tenth of a second at 0.02 is five seconds of GPU time), and its figures then differ from run
+to run. A discrete-event simulator of serving (Vidur, LLMServingSim; SGLang's own scheduler is step-driven)
+advances a virtual clock from event to event instead, so what it reports depends on the workload and the
+model only.
+
+Two modes:
+
+* **virtual** (the default, ``pace`` None): modelled time moves only by modelled durations (a startup phase,
+  a prefill, a decode step), as fast as the host computes them. While the server has nothing to do it follows
+  the wall clock at rate 1 (an idle GPU idles for as long as nobody asks it anything), so the log and the
+  memory stand-in go on telling time.
+* **paced** (``pace`` s, e.g. 0.02): wall time follows modelled time at that scale, for what needs real time
+  on the wire (watching a crash happen, the Stop button, a live memory sampler). Modelled time is then
+  ``(wall - start) / pace``.
+
+The forked rank processes share one anonymous memory map with the main process: each rank writes how far
+its own startup has got, and the main process's time during the launch is the furthest rank's. Times are
+seconds since :attr:`TwinClock.epoch`, a whole second of the wall clock taken at the start, so that a log
+timestamp's millisecond digits depend on the modelled offset alone, not on when the twin happened to start.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+import time
+
+__all__ = ["TwinClock"]
+
+_D = struct.Struct("d")
+#: Slots of the shared map: the main process's time, when it went idle (NaN: busy), then one per rank.
+_MAIN, _IDLE, _RANKS = 0, 1, 2
+
+
+class TwinClock:
+    """Modelled seconds since :attr:`epoch` for every process of one twin (create it before forking)."""
+
+    def __init__(self, pace: float | None, ranks: int = 0) -> None:
+        if pace is not None and not (math.isfinite(pace) and pace > 0):
+            raise ValueError(f"a twin's pace must be a positive number of wall seconds per modelled second, not {pace}")
+        self.pace = pace
+        #: The wall-clock second the modelled timeline starts at (log timestamps are ``epoch + now()``).
+        self.epoch = float(int(time.time()))
+        self._mono0 = time.monotonic()
+        self._map = mmap.mmap(-1, _D.size * (_RANKS + max(ranks, 1)))
+        self._put(_IDLE, math.nan)
+        self._rank: int | None = None
+        self._local = 0.0
+
+    @property
+    def mode(self) -> str:
+        """``virtual`` or ``paced``: the ``clock`` the twin reports in ``/server_info``."""
+        return "virtual" if self.pace is None else "paced"
+
+    @property
+    def virtual(self) -> bool:
+        return self.pace is None
+
+    # -- shared slots ---------------------------------------------------------------------------------
+
+    def _get(self, slot: int) -> float:
+        return float(_D.unpack_from(self._map, slot * _D.size)[0])
+
+    def _put(self, slot: int, value: float) -> None:
+        _D.pack_into(self._map, slot * _D.size, value)
+
+    def _ranks_max(self) -> float:
+        n = len(self._map) // _D.size - _RANKS
+        return max(self._get(_RANKS + i) for i in range(n))
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Modelled seconds since :attr:`epoch`, as this process knows them."""
+        if self.pace is not None:
+            return (time.monotonic() - self._mono0) / self.pace
+        if self._rank is not None:
+            return self._local
+        t = max(self._get(_MAIN), self._ranks_max())
+        idle = self._get(_IDLE)
+        return t if math.isnan(idle) else t + max(0.0, time.monotonic() - idle)
+
+    def stamp(self) -> float:
+        """The modelled moment as a wall-clock date (seconds since 1970), for log timestamps."""
+        return self.epoch + self.now()
+
+    # -- moving it ------------------------------------------------------------------------------------
+
+    def as_rank(self, rank: int) -> None:
+        """In a forked rank process: keep this rank's own time from now on, starting where the main one is."""
+        self._local = self.now()
+        self._rank = rank
+        self._put(_RANKS + rank, self._local)
+
+    def sleep(self, seconds: float) -> None:
+        """A modelled duration passes: slept for ``pace`` x it when paced, counted at once when virtual."""
+        if seconds <= 0:
+            return
+        if self.pace is not None:
+            time.sleep(seconds * self.pace)
+            return
+        if self._rank is not None:
+            self._local += seconds
+            self._put(_RANKS + self._rank, self._local)
+        else:
+            self.advance_to(self.now() + seconds)
+
+    def catch_up(self) -> None:
+        """In a rank after a collective: every rank leaves it at the time of the latest to arrive."""
+        if self.pace is None and self._rank is not None:
+            self._local = max(self._local, self._ranks_max())
+            self._put(_RANKS + self._rank, self._local)
+
+    def advance_to(self, t: float) -> None:
+        """The main process's time is ``t`` (never backwards), and it is busy."""
+        if self.pace is None:
+            self._put(_MAIN, max(t, self._get(_MAIN)))
+            self._put(_IDLE, math.nan)
+
+    def idle(self) -> None:
+        """The server has nothing to do: virtual time follows the wall clock until :meth:`busy`."""
+        if self.pace is None and math.isnan(self._get(_IDLE)):
+            self._put(_MAIN, self.now())
+            self._put(_IDLE, time.monotonic())
+
+    def busy(self) -> float:
+        """Work arrived: virtual time stops following the wall clock; the modelled time it starts at."""
+        now = self.now()
+        if self.pace is None:
+            self._put(_MAIN, now)
+            self._put(_IDLE, math.nan)
+        return now
