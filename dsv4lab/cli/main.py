@@ -200,6 +200,7 @@ def _host_from_args(args: argparse.Namespace) -> Any:
 def _cmd_launch(args: argparse.Namespace) -> int:
     import json
 
+    from dsv4lab.engines.base import SessionSettings
     from dsv4lab.serving.launch import launch
 
     engine = _engine_from_args(args)
@@ -208,13 +209,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     _check_twin_options(args)
     placement = _placement_from_args(args)
     host = _host_from_args(args)
-    twin_env = {"DSV4LAB_TWIN_HARDWARE": args.hardware} if args.twin else None
-    if args.twin and args.pace is not None:
-        assert twin_env is not None
-        twin_env["DSV4LAB_TWIN_PACE"] = repr(float(args.pace))
-    if args.twin and args.fault:
-        assert twin_env is not None
-        twin_env["DSV4LAB_TWIN_FAULT"] = args.fault
+    # The twin's settings as a Lab session exports them (its hardware, pace, fault, millisecond log stamps).
+    twin_env = engine.launch_env(SessionSettings(args.hardware, args.pace, args.fault or None)) if args.twin else None
     handle = launch(
         host,
         config,

@@ -122,7 +122,7 @@ class Experiment:
             if name in namespace:
                 values[name] = _coerce(name, namespace[name], cls.__dataclass_fields__[name].default)
         if "time_scale" in namespace and "pace" not in values:  # the old name, from an older notebook or script
-            warnings.warn("the parameter time_scale is now pace; time_scale goes in the next release", FutureWarning)
+            warnings.warn("the parameter time_scale is now pace (it goes next release)", FutureWarning, stacklevel=2)
             values["pace"] = _coerce("pace", namespace["time_scale"], 0.0)
         try:
             exp = cls(**values)

@@ -18,7 +18,11 @@ Two modes:
   ``(wall - start) / pace``.
 
 The forked rank processes share one anonymous memory map with the main process: each rank writes how far
-its own startup has got, and the main process's time during the launch is the furthest rank's. Times are
+its own startup has got, and the main process's time during the launch is the furthest rank's. In virtual
+time the ranks advance conservatively, like the processes of a parallel discrete-event simulation: a rank
+goes past modelled time T only once every other rank has reached T (or finished its startup), so what each
+logs and allocates lands in the same order on any machine. A rank that fails freezes the launch's timeline
+at its moment: the others stop there, and the main process's teardown lines carry that time. Times are
 seconds since :attr:`TwinClock.epoch`, a whole second of the wall clock taken at the start, so that a log
 timestamp's millisecond digits depend on the modelled offset alone, not on when the twin happened to start.
 """
@@ -33,8 +37,11 @@ import time
 __all__ = ["TwinClock"]
 
 _D = struct.Struct("d")
-#: Slots of the shared map: the main process's time, when it went idle (NaN: busy), then one per rank.
-_MAIN, _IDLE, _RANKS = 0, 1, 2
+#: Slots of the shared map: the main process's time, when it went idle (NaN: busy), when a rank failed (NaN:
+#: none did), then each rank's time, then whether each rank is done with its startup.
+_MAIN, _IDLE, _FROZEN, _RANKS = 0, 1, 2, 3
+#: How often (wall seconds) a rank looks whether the others have caught up with it.
+_POLL_S = 0.0005
 
 
 class TwinClock:
@@ -47,8 +54,10 @@ class TwinClock:
         #: The wall-clock second the modelled timeline starts at (log timestamps are ``epoch + now()``).
         self.epoch = float(int(time.time()))
         self._mono0 = time.monotonic()
-        self._map = mmap.mmap(-1, _D.size * (_RANKS + max(ranks, 1)))
+        self._n = max(ranks, 1)
+        self._map = mmap.mmap(-1, _D.size * (_RANKS + 2 * self._n))
         self._put(_IDLE, math.nan)
+        self._put(_FROZEN, math.nan)
         self._rank: int | None = None
         self._local = 0.0
 
@@ -70,8 +79,14 @@ class TwinClock:
         _D.pack_into(self._map, slot * _D.size, value)
 
     def _ranks_max(self) -> float:
-        n = len(self._map) // _D.size - _RANKS
-        return max(self._get(_RANKS + i) for i in range(n))
+        return max(self._get(_RANKS + i) for i in range(self._n))
+
+    def _others_behind(self, t: float) -> bool:
+        """Whether a rank other than this one, not done with its startup, is still before ``t``."""
+        for i in range(self._n):
+            if i != self._rank and not self._get(_RANKS + self._n + i) and self._get(_RANKS + i) < t:
+                return True
+        return False
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -81,6 +96,9 @@ class TwinClock:
             return (time.monotonic() - self._mono0) / self.pace
         if self._rank is not None:
             return self._local
+        frozen = self._get(_FROZEN)
+        if not math.isnan(frozen):
+            return frozen
         t = max(self._get(_MAIN), self._ranks_max())
         idle = self._get(_IDLE)
         return t if math.isnan(idle) else t + max(0.0, time.monotonic() - idle)
@@ -92,8 +110,9 @@ class TwinClock:
     # -- moving it ------------------------------------------------------------------------------------
 
     def as_rank(self, rank: int) -> None:
-        """In a forked rank process: keep this rank's own time from now on, starting where the main one is."""
-        self._local = self.now()
+        """In a forked rank process: keep this rank's own time from now on, starting where the main process
+        was when it forked the ranks (not where a rank forked earlier has got to)."""
+        self._local = self._get(_MAIN) if self.pace is None else self.now()
         self._rank = rank
         self._put(_RANKS + rank, self._local)
 
@@ -107,8 +126,31 @@ class TwinClock:
         if self._rank is not None:
             self._local += seconds
             self._put(_RANKS + self._rank, self._local)
+            self._wait_for_others()
         else:
             self.advance_to(self.now() + seconds)
+
+    def _wait_for_others(self) -> None:
+        """Block until every other rank has reached this one's time; for ever once a rank has failed (the
+        main process then ends this one)."""
+        while True:
+            if not math.isnan(self._get(_FROZEN)):
+                while True:
+                    time.sleep(3600)
+            if not self._others_behind(self._local):
+                return
+            time.sleep(_POLL_S)
+
+    def rank_done(self, done: bool = True) -> None:
+        """This rank's startup is over (or it waits at a collective, where the others must reach it): the
+        others no longer wait for it."""
+        if self._rank is not None:
+            self._put(_RANKS + self._n + self._rank, 1.0 if done else 0.0)
+
+    def freeze(self) -> None:
+        """This rank failed: the launch's timeline ends at its time (the first failure's, if several)."""
+        if self.pace is None and self._rank is not None and math.isnan(self._get(_FROZEN)):
+            self._put(_FROZEN, self._local)
 
     def catch_up(self) -> None:
         """In a rank after a collective: every rank leaves it at the time of the latest to arrive."""

@@ -78,11 +78,15 @@ class Lockstep:
         (a second meeting, so that no rank reads the others' times while one has already moved on)."""
         if self._barrier is None:
             return
+        if clock is not None:
+            clock.rank_done()  # waiting here: the others must be able to come
         with contextlib.suppress(threading.BrokenBarrierError):
             self._barrier.wait(LOCKSTEP_TIMEOUT_S)
             if clock is not None:
                 clock.catch_up()
                 self._barrier.wait(LOCKSTEP_TIMEOUT_S)
+        if clock is not None:
+            clock.rank_done(False)
 
 
 @dataclass(frozen=True)
@@ -472,7 +476,9 @@ def rank_main(ctx: RankContext, ready_fd: int) -> None:
     signal.signal(signal.SIGUSR1, on_usr1)
     try:
         run_rank(ctx, lambda: _write_ready(ready_fd))
+        ctx.clock.rank_done()
     except SchedulerFailure as exc:
+        ctx.clock.freeze()
         report_failure(log, exc.traceback_text, ctx.main_pid)
         while True:
             time.sleep(3600)  # the main process kills the tree
