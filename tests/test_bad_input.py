@@ -153,14 +153,14 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
     ),
     (
         "launch: time scale 0",
-        ["launch", "--twin", "--time-scale", "0", "--run-dir", "run"],
-        "--time-scale=0",
+        ["launch", "--twin", "--pace", "0", "--run-dir", "run"],
+        "--pace=0",
         "positive number",
     ),
     (
         "launch: time scale nan",
-        ["launch", "--twin", "--time-scale", "nan", "--run-dir", "run"],
-        "--time-scale=nan",
+        ["launch", "--twin", "--pace", "nan", "--run-dir", "run"],
+        "--pace=nan",
         "positive",
     ),
     (
@@ -289,14 +289,14 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
     ),
     (
         "run: not a number",
-        ["run", "01", "-p", "time_scale", "fast"],
-        "parameter time_scale of 01_config_a_baseline",
+        ["run", "01", "-p", "pace", "fast"],
+        "parameter pace of 01_config_a_baseline",
         "a number",
     ),
     (
         "run: time scale -1",
-        ["run", "01", "-p", "time_scale", "-1"],
-        "parameter time_scale of 01_config_a_baseline",
+        ["run", "01", "-p", "pace", "-1"],
+        "parameter pace of 01_config_a_baseline",
         "positive",
     ),
     ("run: concurrency 0", ["run", "01", "-p", "concurrency", "0"], "parameter concurrency", "integers >= 1"),
@@ -348,8 +348,8 @@ CLI_ROWS: list[tuple[str, list[str], str, str]] = [
     ("campaign: later input", ["campaign", "campaign-later.toml"], "step d: unknown earlier step", "<earlier step>"),
     ("campaign: notebook", ["campaign", "campaign-nonotebook.toml"], "notebook '99_nope'", "a .ipynb file"),
     ("campaign: name", ["campaign", "campaign-badname.toml"], "campaign.name=", "letters, digits"),
-    ("campaign: unused parameter", ["campaign", "-p", "tiemscale", "0.02"], "parameter 'tiemscale'", "'time_scale'?"),
-    ("campaign: bad value", ["campaign", "-p", "time_scale", "-1"], "step a: parameter time_scale", "positive"),
+    ("campaign: unused parameter", ["campaign", "-p", "paec", "0.02"], "parameter 'paec'", "'pace'?"),
+    ("campaign: bad value", ["campaign", "-p", "pace", "-1"], "step a: parameter pace", "positive"),
     (
         "campaign: side by side on one host",
         ["campaign", "--max-parallel", "2"],
@@ -446,7 +446,7 @@ def _row(fn: Callable[[], Any], field: str, allows: str) -> tuple[Callable[[], A
 LIBRARY_ROWS: dict[str, tuple[Callable[[], Any], str, str]] = {
     # notebook parameters as a kernel sees them
     "notebook: time scale text": _row(
-        lambda: Experiment.from_namespace({"time_scale": "fast"}, notebook="nb"), "time_scale", "a number"
+        lambda: Experiment.from_namespace({"pace": "fast"}, notebook="nb"), "pace", "a number"
     ),
     "notebook: concurrency text": _row(
         lambda: Experiment.from_namespace({"concurrency": "1,x"}, notebook="nb"), "parameter concurrency", ">= 1"
@@ -706,7 +706,7 @@ COMPARE_ROWS: dict[str, tuple[dict[str, Any], str, Any, str]] = {
 def test_compare_refuses_bad_input_before_a_server_starts(workdir: Path, name: str) -> None:
     kwargs, field, value, allows = COMPARE_ROWS[name]
     procs = _children()
-    lab = Lab(run_root=workdir / "runs", time_scale=0.02, progress=False)
+    lab = Lab(run_root=workdir / "runs", pace=0.02, progress=False)
     with lab, pytest.raises(ConfigError) as info:
         lab.launch_ab(**{"a": "config_a", **kwargs})
     assert info.value.field == field and info.value.value == value and allows in info.value.allowed, str(info.value)

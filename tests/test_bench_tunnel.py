@@ -44,7 +44,7 @@ def _home(tmp_path: Path, sshd: SSHD) -> dict[str, str]:
 def launched(sshd: SSHD, tmp_path: Path) -> Iterator[ServerHandle]:
     host = sshd.connect()
     config = ServerConfig(model_path="dsv4lab/tiny-moe", tp=2, port=free_port(), mem_fraction_static=0.8)
-    env = {"DSV4LAB_TWIN_TIME_SCALE": "0.02", "DSV4LAB_TWIN_HARDWARE": "tiny"}
+    env = {"DSV4LAB_TWIN_PACE": "0.02", "DSV4LAB_TWIN_HARDWARE": "tiny"}
     handle = launch(host, config, str(tmp_path / "run"), target="twin", python=sys.executable, twin_env=env)
     try:
         readiness = wait_ready(handle, 120, progress=False)

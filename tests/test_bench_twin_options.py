@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twin]:
     tmp = tmp_path_factory.mktemp("bench-twin")
     port = free_port()
     log = tmp / "server.log"
-    with running_twin([*TINY, "--port", str(port)], twin_env(tmp, DSV4LAB_TWIN_TIME_SCALE="0.05"), log) as proc:
+    with running_twin([*TINY, "--port", str(port)], twin_env(tmp, DSV4LAB_TWIN_PACE="0.05"), log) as proc:
         wait_healthy(port, proc)
         yield Twin(port, log)
 
@@ -71,18 +72,23 @@ def test_flush_cache_after_the_warmup_and_profile_the_measured_requests(
     (row,) = _rows(capsys.readouterr().out)
     assert row["completed"] == 2
     log = twin.log.read_text()[len(before) :]
-    order = [line for line in log.splitlines() if '"POST /' in line]
-    paths = [line.split('"POST ')[1].split(" ")[0] for line in order]
-    # warmup, flush (bench_serving waits up to 60 s for idle), profiler on, the two requests, profiler off
+    order = [line for line in log.splitlines() if '"POST /' in line or '"DELETE /' in line]
+    paths = [re.sub(r"/s\d+$", "", line.split('"', 2)[1].split(" ")[1]) for line in order]
+    # warmup (announced to the twin as a session of its own), flush (bench_serving waits up to 60 s for
+    # idle), profiler on, the measured session and its two requests, profiler off
     assert paths == [
+        "/twin/sessions",
         "/generate",
+        "/twin/sessions",
         "/flush_cache?timeout=60",
         "/start_profile",
+        "/twin/sessions",
         "/generate",
         "/generate",
+        "/twin/sessions",
         "/stop_profile",
     ]
-    assert all('" 200' in line for line in order)
+    assert all('" 200' in line or '" 204' in line for line in order)
     assert list(traces.rglob("*.json*")), "the twin wrote no trace"
     stored = (store / "bench_results.jsonl").read_text()
     assert "Trace" in json.loads(stored)["profile"]

@@ -35,7 +35,7 @@ VERSION = "0.5.23"
 def twin_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The twin's startup logs of Config B (OOM) and Config B-fixed (ready), at 1/50 of real time."""
     tmp = tmp_path_factory.mktemp("budget")
-    env = {"DSV4LAB_TWIN_TIME_SCALE": "0.02", "DSV4LAB_TWIN_STATE_DIR": str(tmp / "state"), "SGLANG_LOG_MS": "1"}
+    env = {"DSV4LAB_TWIN_PACE": "0.02", "DSV4LAB_TWIN_STATE_DIR": str(tmp / "state"), "SGLANG_LOG_MS": "1"}
     logs: dict[str, Path] = {}
     for name, cfg, verdict in (("B", config_b(), Verdict.CRASHED), ("B-fixed", config_b_fixed(), Verdict.READY)):
         h = launch(

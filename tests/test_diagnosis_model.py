@@ -31,7 +31,7 @@ def story_logs(tmp_path_factory: pytest.TempPathFactory, tuned_kernel_dir: str) 
             config.replace(port=free_port(), kernel_config_dir=tuned_kernel_dir),
             str(root / name),
             target="twin",
-            twin_env={"DSV4LAB_TWIN_TIME_SCALE": "0.02"},
+            twin_env={"DSV4LAB_TWIN_PACE": "0.02"},
         )
         wait_ready(h, 120, progress=False)
         h.stop(grace_s=1)

@@ -33,7 +33,7 @@ from dsv4lab.twin.faults import parse_fault
         ("mem_frac", ["tp", "mem_fraction_static", "cuda_graph_max_bs"], "mem_fraction_static"),  # a prefix
         ("Mem-Fraction-Static", ["mem_fraction_static"], "mem_fraction_static"),  # case and dashes
         ("overide", ["host", "overrides", "preset"], "overrides"),
-        ("tiemscale", ["time_scale", "target"], "time_scale"),
+        ("paec", ["pace", "target"], "pace"),
         ("eagle", ["EAGLE", "EAGLE3", "NEXTN"], "EAGLE"),
         ("nope", ["nnodes", "tp"], None),  # nothing near: no guess
         ("gpu9000", ["rtx-pro-6000-x8", "h200-x8", "tiny"], None),
@@ -108,7 +108,7 @@ CLI_ROWS: list[tuple[str, list[str], str]] = [
         ["launch", "--twin", "--fault", "crash_servin", "--run-dir", "r"],
         "unknown twin fault 'crash_servin' — did you mean 'crash_serving'?",
     ),
-    ("campaign parameter", ["campaign", "-p", "tiemscale", "0.02"], "did you mean 'time_scale'?"),
+    ("campaign parameter", ["campaign", "-p", "paec", "0.02"], "did you mean 'pace'?"),
     ("campaign step", ["campaign", "typo.toml"], "unknown earlier step 'fxi'"),
     ("kv cache dtype", ["config", "show", "--set", "kv_cache_dtype=fp8_e4m"], "did you mean 'fp8_e4m3'?"),
     ("speculative algorithm", ["config", "show", "--set", "speculative.algorithm=eagle"], "did you mean 'EAGLE'?"),

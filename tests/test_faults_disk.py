@@ -105,7 +105,7 @@ def test_a_notebook_that_fills_the_disk_keeps_whole_files_and_says_what_was_not_
 
 
 def test_a_full_disk_under_a_running_session_loses_no_verdict_half_way(small_disk: Path) -> None:
-    lab = Lab(run_root=small_disk / "runs", hardware="tiny", time_scale=SCALE, progress=False)
+    lab = Lab(run_root=small_disk / "runs", hardware="tiny", pace=SCALE, progress=False)
     with lab:
         s = lab.launch(tiny_config(), name="full", sample_gpus=False).wait(timeout_s=60)
         assert s.state == "READY"

@@ -21,7 +21,7 @@ import sys
 from dsv4lab import Lab
 from dsv4lab.config.server_config import ServerConfig
 cfg = ServerConfig(model_path="dsv4lab/tiny-moe", tp=2, mem_fraction_static=0.8)
-lab = Lab(run_root={{root!r}}, hardware="tiny", time_scale={SCALE}, progress=False)
+lab = Lab(run_root={{root!r}}, hardware="tiny", pace={SCALE}, progress=False)
 """
 
 

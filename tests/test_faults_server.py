@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
-    with Lab(run_root=tmp_path / "runs", hardware="tiny", time_scale=SCALE, progress=False) as session:
+    with Lab(run_root=tmp_path / "runs", hardware="tiny", pace=SCALE, progress=False) as session:
         yield session
 
 

@@ -38,7 +38,7 @@ from tests.test_faults_support import (
 
 pytestmark = pytest.mark.slow
 
-TWIN_ENV = {"DSV4LAB_TWIN_HARDWARE": "tiny", "DSV4LAB_TWIN_TIME_SCALE": str(SCALE)}
+TWIN_ENV = {"DSV4LAB_TWIN_HARDWARE": "tiny", "DSV4LAB_TWIN_PACE": str(SCALE)}
 
 
 @pytest.fixture
@@ -154,7 +154,7 @@ def test_a_drop_during_a_benchmark_and_gpu_sampling_costs_only_the_requests_in_f
     lab = Lab(
         sshd.connect(),
         hardware="tiny",
-        time_scale=SCALE,
+        pace=SCALE,
         python=sys.executable,
         run_root=tmp_path / "local",
         remote_root=str(tmp_path / "remote"),

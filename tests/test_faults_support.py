@@ -174,7 +174,7 @@ LAUNCH_TINY = (
     "from pathlib import Path\n"
     "from dsv4lab import Lab\n"
     "from dsv4lab.config.server_config import ServerConfig\n"
-    f"lab = Lab(run_root=run_dir, hardware='tiny', time_scale={SCALE}, progress=False)\n"
+    f"lab = Lab(run_root=run_dir, hardware='tiny', pace={SCALE}, progress=False)\n"
     "s = lab.launch(ServerConfig(model_path='dsv4lab/tiny-moe', tp=2, mem_fraction_static=0.8), name='tiny').wait()\n"
     "print(s.state)"
 )

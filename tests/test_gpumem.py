@@ -43,7 +43,7 @@ SCALE = 0.1  # a story startup takes about three seconds; phases last several sa
 def _twin_env(tmp: Path, **extra: str) -> dict[str, str]:
     # Own state dir: other tests' twins on this machine must not show up in these samples.
     return {
-        "DSV4LAB_TWIN_TIME_SCALE": str(SCALE),
+        "DSV4LAB_TWIN_PACE": str(SCALE),
         "DSV4LAB_TWIN_STATE_DIR": str(tmp / "twin-state"),
         "SGLANG_LOG_MS": "1",
         **extra,
@@ -247,7 +247,7 @@ def test_smi_command_for_targets() -> None:
     real = smi_command_for("sglang")
     assert real.argv(500)[0] == "nvidia-smi" and real.argv(500)[-2:] == ["-lms", "500"]
     assert "--query-gpu=timestamp,index,memory.used,memory.total,utilization.gpu" in real.argv(500)
-    twin = smi_command_for("twin", python="/opt/py/bin/python", port=30000, twin_env={"DSV4LAB_TWIN_TIME_SCALE": "1"})
+    twin = smi_command_for("twin", python="/opt/py/bin/python", port=30000, twin_env={"DSV4LAB_TWIN_PACE": "1"})
     assert twin.executable == ("/opt/py/bin/python", "-m", "dsv4lab.twin.smi")
     assert twin.env == {"DSV4LAB_TWIN_SMI_PORT": "30000"}
     assert twin_interval_ms(0.05) == 25 and twin_interval_ms(1.0) == 500 and twin_interval_ms(0.001) == 20

@@ -21,7 +21,7 @@ BACK_WITHIN_S = 2.0
 SETUP = """
 import sys
 from dsv4lab import Lab, bench
-lab = Lab(run_root={root!r}, time_scale=0.05, progress=False)
+lab = Lab(run_root={root!r}, pace=0.05, progress=False)
 """
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
-    with Lab(run_root=tmp_path / "runs", time_scale=0.05, progress=False) as session:
+    with Lab(run_root=tmp_path / "runs", pace=0.05, progress=False) as session:
         yield session
 
 
@@ -149,7 +149,7 @@ def test_attach_reports_the_server_now_not_old_log_lines(lab: Lab, tmp_path: Pat
 
 
 def test_the_session_stops_what_it_started_and_keeps_what_it_was_told_to(tmp_path: Path) -> None:
-    lab = Lab(run_root=tmp_path / "runs", time_scale=0.05, progress=False)
+    lab = Lab(run_root=tmp_path / "runs", pace=0.05, progress=False)
     a = lab.launch("config_a")
     kept = lab.launch("config_a", keep=True)
     pids = [a.handle.launcher_pid, kept.handle.launcher_pid]

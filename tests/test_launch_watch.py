@@ -41,7 +41,7 @@ SCALE = "0.02"  # twin durations x 0.02: a story startup takes about a second
 
 
 def twin_env(**extra: str) -> dict[str, str]:
-    return {"DSV4LAB_TWIN_TIME_SCALE": SCALE, **extra}
+    return {"DSV4LAB_TWIN_PACE": SCALE, **extra}
 
 
 def tiny(port: int, **changes: object) -> ServerConfig:
@@ -342,7 +342,7 @@ def test_dropped_ssh_connection_is_not_a_crash(sshd: SSHD, tmp_path: Path, handl
 
 def test_cli_launch_watch_stop(tmp_path: Path, tuned_kernel_dir: str) -> None:
     run_dir = str(tmp_path / "cli")
-    env = {**os.environ, "DSV4LAB_TWIN_TIME_SCALE": SCALE}
+    env = {**os.environ, "DSV4LAB_TWIN_PACE": SCALE}
     port = str(free_port())
 
     def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -364,7 +364,7 @@ def test_cli_launch_watch_stop(tmp_path: Path, tuned_kernel_dir: str) -> None:
         "--set",
         f"kernel_config_dir={tuned_kernel_dir}",
         "--twin",
-        "--time-scale",
+        "--pace",
         SCALE,
         "--run-dir",
         run_dir,

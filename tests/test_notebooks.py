@@ -74,7 +74,7 @@ def test_notebooks_are_stored_clean(name: str) -> None:
 @pytest.mark.parametrize("name", STORY)
 def test_every_parameter_has_a_type_and_help(name: str) -> None:
     params = notebook_parameters(name)
-    assert {"host", "target", "hardware", "time_scale", "run_dir"} <= set(params)
+    assert {"host", "target", "hardware", "pace", "run_dir"} <= set(params)
     for p in params.values():
         assert p.type_name in ("str", "int", "float", "bool", "list"), p
         assert len(p.help) > 10, p
@@ -83,13 +83,13 @@ def test_every_parameter_has_a_type_and_help(name: str) -> None:
 def test_parameters_are_checked_before_a_kernel_starts() -> None:
     with pytest.raises(ConfigError, match=r"parameter 'concurency' of 01_config_a_baseline.*'concurrency'"):
         check_parameters("01_config_a_baseline", {"concurency": [1, 16]})
-    with pytest.raises(ConfigError, match=r"parameter time_scale of 02_config_b_mtp_launch='fast'.*a number"):
-        check_parameters("02", {"time_scale": "fast"})
+    with pytest.raises(ConfigError, match=r"parameter pace of 02_config_b_mtp_launch='fast'.*a number"):
+        check_parameters("02", {"pace": "fast"})
     with pytest.raises(ConfigError, match=r"parameter repeats of 05_ab_comparison.*an integer"):
         check_parameters("05_ab_comparison", {"repeats": 2.5})
-    assert check_parameters("01", {"concurrency": "1,16", "time_scale": "0.02", "input_len": "512"}) == {
+    assert check_parameters("01", {"concurrency": "1,16", "pace": "0.02", "input_len": "512"}) == {
         "concurrency": [1, 16],
-        "time_scale": 0.02,
+        "pace": 0.02,
         "input_len": 512,
     }
     with pytest.raises(ConfigError, match="notebook"):
@@ -181,7 +181,7 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Campaign:
     workdir.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = _cli(
-        ["campaign", "--reports", "reports", "-p", "time_scale", TEST_SCALE],
+        ["campaign", "--reports", "reports", "-p", "pace", TEST_SCALE],
         env=env,
         cwd=workdir,
         timeout=CAMPAIGN_SETUP_TIMEOUT_S - 60,
@@ -331,9 +331,7 @@ def test_the_index_leads_with_one_headline_per_config(campaign: Campaign) -> Non
 
 @pytest.mark.timeout(CAMPAIGN_SETUP_TIMEOUT_S)  # the module fixture runs the campaign first
 def test_a_rerun_resumes_instead_of_redoing(campaign: Campaign) -> None:
-    out = _cli(
-        ["campaign", "--reports", "reports", "-p", "time_scale", TEST_SCALE], env=campaign.env, cwd=campaign.workdir
-    )
+    out = _cli(["campaign", "--reports", "reports", "-p", "pace", TEST_SCALE], env=campaign.env, cwd=campaign.workdir)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stderr.count("(reused)") == len(STORY)
     assert Path(out.stdout.strip().splitlines()[-1]) == campaign.index
@@ -341,7 +339,7 @@ def test_a_rerun_resumes_instead_of_redoing(campaign: Campaign) -> None:
 
 @pytest.mark.timeout(CAMPAIGN_SETUP_TIMEOUT_S)  # the module fixture runs the campaign first
 def test_make_demo_is_the_campaign_and_prints_its_index_last(campaign: Campaign) -> None:
-    out = _cli(["demo", "--reports", "reports", "--time-scale", TEST_SCALE], env=campaign.env, cwd=campaign.workdir)
+    out = _cli(["demo", "--reports", "reports", "--pace", TEST_SCALE], env=campaign.env, cwd=campaign.workdir)
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip().splitlines()[-1]) == campaign.index  # resumed: every step reused
 
@@ -366,7 +364,7 @@ def test_one_notebook_from_the_installed_copy(campaign: Campaign, tmp_path: Path
 def test_a_sweep_runs_the_grid_and_skips_what_the_model_says_cannot_fit(tmp_path: Path) -> None:
     args = ["sweep", "04_config_b_fixed", "--reports", str(tmp_path)]
     args += ["-p", "cuda_graph_max_bs", "16,64", "-p", "mem_fraction_static", "0.9", "-p", "concurrency", "[1]"]
-    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "time_scale", TEST_SCALE]
+    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "pace", TEST_SCALE]
     out = _cli(args, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     index = Path(out.stdout.strip().splitlines()[-1])
@@ -403,7 +401,7 @@ def test_the_campaign_runs_against_a_host_over_ssh(sshd: Any, tmp_path: Path) ->
     spec = tmp_path / "over-ssh.toml"
     spec.write_text(
         '[campaign]\nname = "over-ssh"\n\n[parameters]\nhost = "gpubox"\ntarget = "twin"\n'
-        f'time_scale = {TEST_SCALE}\npython = "{sys.executable}"\n\n'
+        f'pace = {TEST_SCALE}\npython = "{sys.executable}"\n\n'
         '[[step]]\nid = "b"\nnotebook = "02_config_b_mtp_launch"\n\n'
         '[[step]]\nid = "diagnosis"\nnotebook = "03_mtp_oom_diagnosis"\ninputs = { crash_run_dir = "b.server_dir" }\n'
     )

@@ -136,7 +136,7 @@ def _oom(duration: float = 30.0) -> OomPoint:
 
 
 def _result(
-    label: str, concurrency: int, tok_s: float, repeat: int = 0, n: int = 16, time_scale: float | None = None
+    label: str, concurrency: int, tok_s: float, repeat: int = 0, n: int = 16, pace: float | None = None
 ) -> BenchResult:
     rng = np.random.default_rng(hash((label, concurrency, repeat)) % 2**32)
     records = []
@@ -168,7 +168,7 @@ def _result(
             url="http://127.0.0.1:30000",
             backend="dsv4lab",
             api="completions",
-            server_info={"twin": {"time_scale": time_scale}} if time_scale else {},
+            server_info={"twin": {"pace": pace}} if pace else {},
         ),
         concurrency=concurrency,
         repeat=repeat,
@@ -265,20 +265,14 @@ def test_memory_budget_side_by_side_predicted_and_observed() -> None:
 # -- benchmarks -------------------------------------------------------------------------------------------------------
 
 
-def _ab(time_scale: float | None = None) -> tuple[list[BenchResult], list[BenchResult]]:
-    a = [
-        _result("Config A", c, 4.5 if c == 1 else 23.0, rep, time_scale=time_scale) for c in (1, 16) for rep in range(3)
-    ]
-    b = [
-        _result("Config B-fixed", c, 6.6 if c == 1 else 23.0, rep, time_scale=time_scale)
-        for c in (1, 16)
-        for rep in range(3)
-    ]
+def _ab(pace: float | None = None) -> tuple[list[BenchResult], list[BenchResult]]:
+    a = [_result("Config A", c, 4.5 if c == 1 else 23.0, rep, pace=pace) for c in (1, 16) for rep in range(3)]
+    b = [_result("Config B-fixed", c, 6.6 if c == 1 else 23.0, rep, pace=pace) for c in (1, 16) for rep in range(3)]
     return a, b
 
 
 def test_throughput_vs_concurrency_shows_both_configs_with_intervals_and_verdicts() -> None:
-    a, b = _ab(time_scale=0.05)
+    a, b = _ab(pace=0.05)
     comparison = compare(a, b)
     chart = plots.throughput_vs_concurrency(comparison)
     spec, _ = _check(chart)
@@ -289,9 +283,9 @@ def test_throughput_vs_concurrency_shows_both_configs_with_intervals_and_verdict
     for r in rows:
         assert r["low"] <= r["mean"] <= r["high"]
     lv1 = comparison.at(1)
-    # The comparison is on the modelled hardware already: the twin's measurement x its time scale.
+    # A twin's figures come from its stamps, on the modelled hardware's clock already: compared as they are.
     twin_mean = sum(r.summary.output_throughput for r in a if r.concurrency == 1) / 3
-    assert lv1.mean_a == pytest.approx(twin_mean * 0.05)
+    assert lv1.mean_a == pytest.approx(twin_mean)
     assert any(r["mean"] == pytest.approx(lv1.mean_a) for r in rows)
     real = plots.throughput_vs_concurrency(compare(*_ab()))
     assert plots.MEASURED in _axis_titles(_spec(real))

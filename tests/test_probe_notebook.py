@@ -15,8 +15,8 @@ from tests.test_faults_support import no_processes_left
 pytestmark = pytest.mark.slow
 
 CELLS = [
-    ("parameters", 'host = "local"  # an SSH alias\ntime_scale = 0.05  # twin only\nconcurrency = "1,4"'),
-    ("", "from dsv4lab import Lab\nlab = Lab(host=host, time_scale=time_scale, run_root='runs')"),
+    ("parameters", 'host = "local"  # an SSH alias\npace = 0.05  # twin only\nconcurrency = "1,4"'),
+    ("", "from dsv4lab import Lab\nlab = Lab(host=host, pace=pace, run_root='runs')"),
     ("", 'lab.preflight("config_b")'),
     ("", 'b = lab.launch("config_b").wait()\nb'),
     ("", 'a = lab.launch("config_a").wait()\nruns = a.bench(concurrency, input_len=256, output_len=16)\nruns'),

@@ -39,7 +39,7 @@ from tests.sshd import SSHD, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "hf_secretvalue123"
-TWIN_ENV = {"DSV4LAB_TWIN_HARDWARE": "tiny", "DSV4LAB_TWIN_TIME_SCALE": "0.02"}
+TWIN_ENV = {"DSV4LAB_TWIN_HARDWARE": "tiny", "DSV4LAB_TWIN_PACE": "0.02"}
 
 
 def tiny(**changes: Any) -> ServerConfig:
@@ -156,7 +156,7 @@ def test_a_redacted_config_cannot_be_launched_as_if_it_held_the_token(tmp_path: 
 NOTEBOOK_CELLS = [
     (
         "parameters",
-        'hardware: str = "tiny"\ntime_scale: float = 0.02\nserver_env: str = ""  # the server environment\n'
+        'hardware: str = "tiny"\npace: float = 0.02\nserver_env: str = ""  # the server environment\n'
         'run_dir: str = ""\n',
     ),
     (
@@ -166,7 +166,7 @@ NOTEBOOK_CELLS = [
         "from dsv4lab import Lab\n"
         "from dsv4lab.config.server_config import ServerConfig\n"
         "from dsv4lab.atomicfile import write_json_atomic\nfrom dsv4lab.notebook.experiment import parse_overrides\n"
-        "lab = Lab('local', target='twin', hardware=hardware, time_scale=time_scale, run_root=run_dir,\n"
+        "lab = Lab('local', target='twin', hardware=hardware, pace=pace, run_root=run_dir,\n"
         "          progress=False)\n"
         "env = {k.removeprefix('env.'): v for k, v in parse_overrides(server_env).items()}\n"
         "cfg = ServerConfig(model_path='dsv4lab/tiny-moe', tp=2, mem_fraction_static=0.8, port={port}, env=env)\n"
@@ -288,7 +288,7 @@ def test_the_cli_launch_of_the_issue_keeps_the_token_in_env_sh_only(tmp_path: Pa
     save(tiny(), config)
     run_dir = tmp_path / "run"
     argv = ["--file", str(config), "--set", f"env.HF_TOKEN={SECRET}", "--twin", "--hardware", "tiny"]
-    assert cli.main(["launch", *argv, "--time-scale", "0.02", "--run-dir", str(run_dir), "--json"]) == 0
+    assert cli.main(["launch", *argv, "--pace", "0.02", "--run-dir", str(run_dir), "--json"]) == 0
     handle = attach(LocalHost(), str(run_dir))
     try:
         assert wait_ready(handle, 60, progress=False).ready
@@ -314,7 +314,7 @@ def test_the_copies_a_server_fetches_from_a_remote_host_are_redacted(sshd: SSHD,
         sshd.connect(),
         target="twin",
         hardware="tiny",
-        time_scale=0.02,
+        pace=0.02,
         python=sys.executable,
         run_root=tmp_path / "local",
         remote_root=str(remote_root),

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALIAS = "login"
 
 #: The twin, fast: READY in a few seconds of wall time; no tuned kernel folder on this machine.
-TWIN = ["--preset", "config_a", "--twin", "--time-scale", "0.05", "--set", "kernel_config_dir="]
+TWIN = ["--preset", "config_a", "--twin", "--pace", "0.05", "--set", "kernel_config_dir="]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -407,7 +407,7 @@ def test_a_sweep_fans_out_over_two_nodes_with_its_queue_in_the_index(two_nodes: 
     two_nodes.wait_idle()
     args = ["sweep", "04_config_b_fixed", "--reports", str(tmp_path), "--max-parallel", "3"]
     args += ["-p", "cuda_graph_max_bs", "4,8,12,16", "-p", "mem_fraction_static", "0.9", "-p", "concurrency", "[1]"]
-    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "time_scale", "0.02"]
+    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "pace", "0.02"]
     args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
     out = cli(two_nodes, *args, timeout=900)
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
@@ -442,7 +442,7 @@ name = "side-by-side"
 title = "Two configs side by side, then one that takes its fix from the first"
 
 [parameters]
-time_scale = 0.02
+pace = 0.02
 concurrency = [1]
 input_len = 1000
 output_len = 16
@@ -507,7 +507,7 @@ def test_tune_runs_its_trials_two_at_a_time_as_jobs(two_nodes: SlurmCluster, tmp
     # on a slow host ended in the second their peer started, which cannot be told from "one after the other".
     args = ["tune", "--preset", "config_b_fixed", "--twin", "--space", "mem_fraction_static=0.80,0.92"]
     args += ["--space", "cuda_graph_max_bs=8,16", "--concurrency", "16", "--input-len", "1000", "--output-len", "400"]
-    args += ["--time-scale", "0.02", "--budget", "4", "--max-parallel", "2", "--reports", str(tmp_path), "--json"]
+    args += ["--pace", "0.02", "--budget", "4", "--max-parallel", "2", "--reports", str(tmp_path), "--json"]
     args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
     out = cli(two_nodes, *args, timeout=600)
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
@@ -565,7 +565,7 @@ def _launch_on_two_nodes(two_nodes: SlurmCluster, run_dir: Path) -> tuple[SlurmS
     )
     # The two Slurm nodes are this one machine: node 1's port is shifted by one (port_step), as in a rehearsal.
     placement = SlurmPlacement("gpu", 8, 10, nodes=2, slurm_conf=two_nodes.env["SLURM_CONF"], port_step=1)
-    settings = {"DSV4LAB_TWIN_TIME_SCALE": "0.05", "DSV4LAB_TWIN_HARDWARE": "tiny"}
+    settings = {"DSV4LAB_TWIN_PACE": "0.05", "DSV4LAB_TWIN_HARDWARE": "tiny"}
     handle = launch_server(LocalHost(), config, str(run_dir), target="twin", twin_env=settings, placement=placement)
     assert isinstance(handle, SlurmServerHandle)
     return handle, dist
@@ -628,7 +628,7 @@ def test_a_point_cancelled_by_slurm_is_recorded_and_a_resumed_sweep_runs_only_it
     records that outcome; ``--resume`` keeps the finished point as it was and runs the cancelled one again."""
     args = ["sweep", "04_config_b_fixed", "--reports", str(tmp_path), "--max-parallel", "2"]
     args += ["-p", "cuda_graph_max_bs", "8,16", "-p", "mem_fraction_static", "0.9", "-p", "concurrency", "[1]"]
-    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "time_scale", "0.02"]
+    args += ["-p", "input_len", "1000", "-p", "output_len", "16", "-p", "pace", "0.02"]
     args += ["--slurm-partition", "gpu", "--slurm-gpus", "8", "--slurm-time", "10"]
     env = {**os.environ, **idle.env, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Six points, two of which (no graph cap) the memory model says cannot capture their graphs.
 SPACE = ["--space", "mem_fraction_static=0.80,0.92", "--space", "cuda_graph_max_bs=8,16,256"]
 #: A short workload on a fast twin clock: three trials in about half a minute.
-LOAD = ["--concurrency", "16", "--input-len", "1000", "--output-len", "32", "--time-scale", "0.02"]
+LOAD = ["--concurrency", "16", "--input-len", "1000", "--output-len", "32", "--pace", "0.02"]
 
 
 def _tune(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -91,7 +91,7 @@ def test_the_tuning_notebook_narrates_the_search_into_an_offline_report(tmp_path
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DSV4LAB_STATE_DIR": str(tmp_path / "state")}
     out = subprocess.run(
         [sys.executable, "-m", "dsv4lab", "run", "07_tune", "--reports", str(tmp_path / "reports"),
-         "-p", "time_scale", "0.02", "-p", "budget", "3", "-p", "input_len", "1000", "-p", "output_len", "16",
+         "-p", "pace", "0.02", "-p", "budget", "3", "-p", "input_len", "1000", "-p", "output_len", "16",
          "-p", "space", "mem_fraction_static 0.80,0.92; cuda_graph_max_bs 8,16,256"],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -111,9 +111,7 @@ def test_the_tuning_notebook_narrates_the_search_into_an_offline_report(tmp_path
 def test_stop_in_a_kernel_keeps_the_finished_trials_and_stops_the_running_one(tmp_path: Path) -> None:
     k = Kernel(tmp_path)
     try:
-        k.run(
-            f"from dsv4lab import Lab\nlab = Lab(run_root={str(tmp_path / 'runs')!r}, time_scale=0.02, progress=False)"
-        )
+        k.run(f"from dsv4lab import Lab\nlab = Lab(run_root={str(tmp_path / 'runs')!r}, pace=0.02, progress=False)")
         code = (
             'result = lab.tune("config_b_fixed", {"mem_fraction_static": [0.80, 0.92], "cuda_graph_max_bs": [8, 16]}, '
             "concurrency=16, input_len=1000, output_len=400, budget=4)"

@@ -40,7 +40,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twin]:
     log = tmp / "server.log"
     argv = [*TINY, "--port", str(port), "--enable-metrics", "--decode-log-interval", "5"]
     # Scale 0.2: decode steps stay model-bound (not CPU-bound) at low concurrency, startup takes ~3 s.
-    with running_twin(argv, twin_env(tmp, DSV4LAB_TWIN_TIME_SCALE="0.2"), log) as proc:
+    with running_twin(argv, twin_env(tmp, DSV4LAB_TWIN_PACE="0.2"), log) as proc:
         wait_healthy(port, proc)
         yield Twin(port, log, tmp, proc)
 
@@ -146,7 +146,7 @@ def test_info_endpoints_and_health(twin: Twin) -> None:
     status, text = run(_get(twin.base + "/server_info"))
     info = json.loads(text)
     assert status == 200 and info["version"] == "0.5.23"
-    assert info["twin"]["hardware"] == "tiny" and info["twin"]["time_scale"] == 0.2
+    assert info["twin"]["hardware"] == "tiny" and info["twin"]["pace"] == 0.2
     state = info["internal_states"][0]
     assert "last_gen_throughput" in state and state["memory_usage"]["token_capacity"] == info["max_total_num_tokens"]
     assert json.loads(run(_get(twin.base + "/model_info"))[1])["model_path"] == "dsv4lab/tiny-moe"

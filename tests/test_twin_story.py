@@ -43,7 +43,7 @@ def _launch(tmp: Path, name: str, config: ServerConfig, version: str) -> tuple[R
         target="twin",
         twin_env={
             "DSV4LAB_TWIN_HARDWARE": "rtx-pro-6000-x8",
-            "DSV4LAB_TWIN_TIME_SCALE": SCALE,
+            "DSV4LAB_TWIN_PACE": SCALE,
             "DSV4LAB_TWIN_STATE_DIR": str(tmp / "state"),
         },
     )

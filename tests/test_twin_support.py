@@ -119,7 +119,7 @@ def twin_env(tmp: Path, **extra: str) -> dict[str, str]:
     env.update(
         {
             "DSV4LAB_TWIN_HARDWARE": "tiny",
-            "DSV4LAB_TWIN_TIME_SCALE": "0.02",
+            "DSV4LAB_TWIN_PACE": "0.02",
             "DSV4LAB_TWIN_STATE_DIR": str(tmp / "state"),
             "PYTHONPATH": str(ROOT),
         }

@@ -16,6 +16,7 @@ from dsv4lab.config.versions import resolve_release
 from dsv4lab.model.memory import preflight
 from dsv4lab.twin import logfmt
 from dsv4lab.twin.args import parse_args
+from dsv4lab.twin.clock import TwinClock
 from dsv4lab.twin.faults import parse_fault
 from dsv4lab.twin.memsim import OutOfMemory, plan_rank
 from dsv4lab.twin.scheduler import Request, Scheduler, SchedulerLimits
@@ -110,13 +111,14 @@ def test_an_idle_twin_starts_on_a_request_when_it_arrived_not_when_its_loop_got_
         num_draft_steps=0,
     )
     scale = 0.3
-    prefill_s = timing.prefill_s(8000) * scale
+    prefill_s = timing.prefill_s(8000)  # modelled seconds: the twin's stamps are on its own clock
 
-    async def first_tokens(held_s: float) -> tuple[float, float, float]:
+    async def first_tokens(held_s: float, pace: float | None = scale) -> tuple[float, float, float]:
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
             release = resolve_release("0.5.23")
-            sched = Scheduler(timing, limits, release, logfmt.LogWriter(release, fd=devnull), scale, seed=7)
+            log = logfmt.LogWriter(release, fd=devnull)
+            sched = Scheduler(timing, limits, release, log, TwinClock(pace), seed=7)
             sched.start()
             await asyncio.sleep(0.05)  # the loop is idle, waiting for a request
             first = sched.submit(Request(prompt_tokens=8000, max_new_tokens=2))
@@ -135,14 +137,46 @@ def test_an_idle_twin_starts_on_a_request_when_it_arrived_not_when_its_loop_got_
             os.close(devnull)
 
     quiet, quiet_gap, _ = asyncio.run(first_tokens(0.0))
-    held, held_gap, behind = asyncio.run(first_tokens(0.9 * prefill_s))
+    held, held_gap, behind = asyncio.run(first_tokens(0.9 * prefill_s * scale))
     assert quiet == pytest.approx(prefill_s, rel=0.5)
     # Started when it arrived, the first prefill ends when it would have ended in the quiet run; started when
     # the loop got to it, it would end 0.9 of a prefill later.
     assert held < quiet + 0.45 * prefill_s, (held, quiet, prefill_s)
     # The second request arrived during the first one's prefill: it is prefilled after it, not beside it.
     assert held_gap > 0.5 * prefill_s and quiet_gap > 0.5 * prefill_s, (held_gap, quiet_gap)
-    assert behind >= 0.8 * prefill_s  # the held loop is on record (/server_info's behind_s_max)
+    assert behind >= 0.8 * prefill_s * scale  # the held loop is on record (/server_info's behind_s_max, wall s)
+
+
+def test_in_virtual_time_a_held_event_loop_changes_nothing() -> None:
+    """In virtual time the twin never looks at the wall clock while it works: the same two requests give the
+    same modelled timeline, to the bit, whether or not the host held the event loop between them."""
+    timing = TimingModel(HW, DSV4, 8, None, tuned_fp8=True)
+    limits = SchedulerLimits(16, 1_000_000, 8192, 16, 40, 0.0, 0)
+
+    async def timeline(held_s: float) -> list[tuple[float, ...]]:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            release = resolve_release("0.5.23")
+            sched = Scheduler(timing, limits, release, logfmt.LogWriter(release, fd=devnull), TwinClock(None), 7)
+            sched.start()
+            session = sched.open_session([0.0, 0.0, 0.5], None, "held")
+            reqs = [Request(prompt_tokens=8000, max_new_tokens=4) for _ in range(3)]
+            for i, req in enumerate(reqs):
+                sched.submit_to(session, i, req)
+                time.sleep(held_s)  # the host stalls between the requests' arrivals over HTTP
+            stamps: list[tuple[float, ...]] = []
+            for req in reqs:
+                got: list[float] = [req.created]
+                while req.finished_at is None:
+                    got += [t for _, _, t in await req.events.get_all()]
+                stamps.append(tuple(got))
+            return stamps
+        finally:
+            os.close(devnull)
+
+    quiet = asyncio.run(timeline(0.0))
+    assert quiet == asyncio.run(timeline(0.3))
+    assert quiet[2][0] == 0.5 and len(quiet[0]) == 5  # arrived when scheduled; one stamp per token
 
 
 def test_attention_share_and_untuned_penalty() -> None:
@@ -212,14 +246,14 @@ def test_rank_prefix() -> None:
 
 
 def test_settings_and_faults() -> None:
-    s = TwinSettings.from_env({"DSV4LAB_TWIN_TIME_SCALE": "0.1", "DSV4LAB_TWIN_FAULT": "crash_serving:3"})
-    assert s.hardware.name == "rtx-pro-6000-x8" and s.time_scale == 0.1 and s.release.version == "0.5.23"
+    s = TwinSettings.from_env({"DSV4LAB_TWIN_PACE": "0.1", "DSV4LAB_TWIN_FAULT": "crash_serving:3"})
+    assert s.hardware.name == "rtx-pro-6000-x8" and s.pace == 0.1 and s.release.version == "0.5.23"
     assert s.fault is not None and s.fault.value == 3.0 and s.fault_named("crash_serving") is s.fault
     assert parse_fault("slow-start") is not None and parse_fault("") is None
     from dsv4lab.errors import ConfigError
 
     with pytest.raises(ConfigError):
-        TwinSettings.from_env({"DSV4LAB_TWIN_TIME_SCALE": "0"})
+        TwinSettings.from_env({"DSV4LAB_TWIN_PACE": "0"})
 
 
 def test_smi_formats() -> None:

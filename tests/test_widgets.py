@@ -224,7 +224,7 @@ def test_the_budget_chart_is_drawn_for_the_deciding_gpu() -> None:
 
 @pytest.fixture
 def twin_lab(tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(time_scale=0.02, run_root=tmp_path / "runs")
+    lab = Lab(pace=0.02, run_root=tmp_path / "runs")
     yield lab
     lab.close()
 
@@ -283,7 +283,7 @@ def test_a_predicted_oom_launched_anyway_crashes_with_its_diagnosis(twin_lab: La
 
 @pytest.mark.slow
 def test_stop_while_starting_ends_the_launch(tmp_path: Path) -> None:
-    lab = Lab(time_scale=0.3, run_root=tmp_path / "runs")
+    lab = Lab(pace=0.3, run_root=tmp_path / "runs")
     try:
         p = panel(lab=lab, preset="config_a")
         p.buttons["launch"].click()
@@ -331,7 +331,7 @@ def test_experiment_parameters_are_the_preset_plus_the_diff() -> None:
         target="twin",
         hardware="rtx-pro-6000-x8",
         sglang_version="0.5.23",
-        time_scale=0.05,
+        pace=0.05,
         concurrency=[1, 16],
         declared={"preset", "overrides", "concurrency", "host"},
     )
@@ -483,7 +483,7 @@ def test_lab_notebook_runs_headless_and_skips_the_panel(tmp_path: Path) -> None:
 def test_open_as_experiment_with_the_real_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The panel's tweak becomes a headless run of the step notebook, with a report that shows the tweak."""
     monkeypatch.chdir(tmp_path)
-    lab = Lab(time_scale=0.02, run_root=tmp_path / "runs", progress=False)
+    lab = Lab(pace=0.02, run_root=tmp_path / "runs", progress=False)
     try:
         p = panel(lab=lab, preset="config_b_fixed", concurrency=[1], reports_root=tmp_path / "reports")
         assert Path(p.actions.notebook_picker.value).name == "04_config_b_fixed.ipynb"
@@ -495,7 +495,7 @@ def test_open_as_experiment_with_the_real_runner(tmp_path: Path, monkeypatch: py
         (params_file,) = (tmp_path / "reports").glob("*/params.json")
         params = json.loads(params_file.read_text())
         assert params["preset"] == "config_b_fixed" and params["overrides"] == "mem_fraction_static=0.58"
-        assert params["concurrency"] == [1] and params["time_scale"] == 0.02
+        assert params["concurrency"] == [1] and params["pace"] == 0.02
         assert "mem_fraction_static 0.58" in (params_file.parent / "report.html").read_text()
     finally:
         lab.close()
