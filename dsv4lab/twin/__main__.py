@@ -156,7 +156,9 @@ class Twin:
 
     def die(self, *, include_parent: bool = True) -> None:
         # The GPUs read as in use until the driver has released the killed processes' memory.
-        release_state(self.settings.state_dir, self.pid, RELEASE_S * (self.settings.pace or 0.0))
+        release_state(
+            self.settings.state_dir, self.pid, RELEASE_S * (self.settings.pace or 1.0), died_at=self.clock.stamp()
+        )
         kill_process_tree(
             self.children, self.log, include_parent=include_parent, logs_call=self.release.logs_kill_process_tree
         )
@@ -452,6 +454,7 @@ class Twin:
                 dict.fromkeys(gpus, util),
                 gpus,
                 port=self.args.config.port,
+                clock=self.clock.state(),
             )
             await asyncio.sleep(STATE_INTERVAL_S)
 
@@ -528,6 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         {},
         list(range(len(twin.rank_children))),
         port=args.config.port,
+        clock=twin.clock.state(),
     )
     if not twin.wait_ready(fds):
         twin.die(include_parent=False)

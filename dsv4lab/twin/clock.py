@@ -54,6 +54,8 @@ class TwinClock:
         #: The wall-clock second the modelled timeline starts at (log timestamps are ``epoch + now()``).
         self.epoch = float(int(time.time()))
         self._mono0 = time.monotonic()
+        #: The wall-clock moment of modelled time 0 (paced: modelled time is wall time since it, over pace).
+        self.zero_wall = time.time()
         self._n = max(ranks, 1)
         self._map = mmap.mmap(-1, _D.size * (_RANKS + 2 * self._n))
         self._put(_IDLE, math.nan)
@@ -106,6 +108,19 @@ class TwinClock:
     def stamp(self) -> float:
         """The modelled moment as a wall-clock date (seconds since 1970), for log timestamps."""
         return self.epoch + self.now()
+
+    def state(self) -> dict[str, object]:
+        """What the ``nvidia-smi`` stand-in needs to tell the twin's modelled time from its state file."""
+        idle = self.pace is None and self._rank is None and not math.isnan(self._get(_IDLE))
+        return {
+            "mode": self.mode,
+            "pace": self.pace,
+            "epoch": self.epoch,
+            "zero_wall": self.zero_wall,
+            "now": self.stamp(),
+            "wall": time.time(),
+            "idle": idle,
+        }
 
     # -- moving it ------------------------------------------------------------------------------------
 

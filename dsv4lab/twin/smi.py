@@ -10,13 +10,16 @@ Several twins may run on one machine (an A/B runs two side by side), so a sample
 one it means: ``DSV4LAB_TWIN_SMI_PORT`` (the twin's HTTP port) or ``DSV4LAB_TWIN_SMI_PID`` (its main PID)
 select it; without either, the most recently updated twin answers.
 
+**Time is the twin's.** Every ``timestamp`` the stand-in prints is the twin's modelled time, as its log's
+are, so a memory timeline lines up with the log's phases on the modelled hardware's clock. In loop mode the
+samples are taken at the modelled moments of a fixed schedule, from each GPU's recorded history of
+allocations: a twin in virtual time starts in a fraction of a second, and a live poll would see none of its
+startup, where a schedule on its own clock sees all of it, the same on every run.
+
 A twin that exits keeps its memory for a short while, as a real GPU does while the driver tears a killed
-process's contexts down (:data:`RELEASE_S`, scaled like every twin duration); that is also what lets a
-sampler see the failing GPU's peak before the memory drops. The hold ends when its time is up *and* a
-stand-in has reported it once (for at most :data:`UNSEEN_GRACE_S` more): the twin's clock is scaled, the
-host's scheduling is not, and a stand-in loop starved for longer than a scaled hold (seen for 0.9-1.7 s on a
-busy 2-core machine, against 0.1 s at time scale 0.1) would otherwise jump from before the OOM to after the
-release, and the crash's peak would be in no sample. :func:`write_smi_shim` puts an executable
+process's contexts down (:data:`RELEASE_S` modelled seconds); that is also what lets a sampler see the
+failing GPU's peak before the memory drops. The hold ends when its time is up *and* a stand-in has reported
+it once (for at most :data:`UNSEEN_GRACE_S` more wall seconds). :func:`write_smi_shim` puts an executable
 ``nvidia-smi`` into a directory meant for a twin run's ``PATH`` — never anywhere global.
 """
 
@@ -56,7 +59,7 @@ SELECT_PORT_ENV = "DSV4LAB_TWIN_SMI_PORT"
 #: The twin's main PID, when its port is not known (see :data:`SELECT_PORT_ENV`).
 SELECT_PID_ENV = "DSV4LAB_TWIN_SMI_PID"
 
-#: Seconds (at time scale 1) a dead twin's GPU memory stays in use while the driver releases it [E].
+#: Modelled seconds a dead twin's GPU memory stays in use while the driver releases it [E].
 RELEASE_S = 1.0
 
 #: Wall-clock seconds past its release time that a dead twin's memory still reads as in use while no stand-in
@@ -86,9 +89,11 @@ def write_main_state(
     gpus: Sequence[int],
     *,
     port: int | None = None,
+    clock: Mapping[str, object] | None = None,
 ) -> None:
     """A twin's own entry for the stand-in: its hardware, GPUs, port and utilization, so ``nvidia-smi`` on a
-    machine running several twins can tell them apart."""
+    machine running several twins can tell them apart, and its clock (:meth:`TwinClock.state
+    <dsv4lab.twin.clock.TwinClock.state>`), so the stand-in tells time as the twin does."""
     _atomic_write(
         state_dir / f"twin-{main_pid}.json",
         {
@@ -98,11 +103,12 @@ def write_main_state(
             "updated": time.time(),
             "gpus": list(gpus),
             "utilization": {str(k): v for k, v in utilization.items()},
+            "clock": dict(clock or {}),
         },
     )
 
 
-def release_state(state_dir: Path, main_pid: int, after_s: float) -> None:
+def release_state(state_dir: Path, main_pid: int, after_s: float, *, died_at: float | None = None) -> None:
     """The twin is exiting: its memory reads as in use for ``after_s`` more seconds, then as free.
 
     Called instead of removing the state files, so that a sampler sees the memory drop the way it does
@@ -115,13 +121,23 @@ def release_state(state_dir: Path, main_pid: int, after_s: float) -> None:
         return
     if not isinstance(data, dict):
         return
-    data.update(released_at=time.time() + max(0.0, after_s), utilization={})
+    data.update(released_at=time.time() + max(0.0, after_s), utilization={}, died_at=died_at, died_wall=time.time())
     _atomic_write(path, data)
 
 
-def write_gpu_state(state_dir: Path, main_pid: int, gpu: int, used_mib: float) -> None:
-    """A rank's memory in use now, for the stand-in to report; written whole, so a reader never sees half."""
-    _atomic_write(state_dir / f"twin-{main_pid}.gpu{gpu}.json", {"used_mib": used_mib, "updated": time.time()})
+def write_gpu_state(
+    state_dir: Path,
+    main_pid: int,
+    gpu: int,
+    used_mib: float,
+    *,
+    at: float | None = None,
+    history: Sequence[tuple[float, float]] = (),
+) -> None:
+    """A rank's memory in use now (modelled time ``at``) and every change before it, for the stand-in to
+    report; written whole, so a reader never sees half."""
+    data = {"used_mib": used_mib, "updated": time.time(), "t": at, "history": [list(h) for h in history]}
+    _atomic_write(state_dir / f"twin-{main_pid}.gpu{gpu}.json", data)
 
 
 @dataclass(frozen=True)
@@ -182,11 +198,13 @@ def _holding(state_dir: Path, pid: int, released_at: object, now: float) -> bool
 
 
 def _running_twin(
-    state_dir: Path, select: tuple[str, int] | None = None, *, reporting: bool = True
+    state_dir: Path, select: tuple[str, int] | None = None, *, reporting: bool = True, since: float | None = None
 ) -> dict[str, object] | None:
     """The twin to report: the selected one, else the most recently updated; alive, or still releasing.
 
-    ``reporting``: the caller prints what it gets, so a releasing twin's held memory counts as seen."""
+    ``reporting``: the caller prints what it gets, so a releasing twin's held memory counts as seen. ``since``
+    (wall clock): a loop started then ignores a twin that had died before it (a new sampler, started before a
+    launch on a port an earlier twin held, must not sample that twin on that twin's clock)."""
     best: tuple[float, int, dict[str, object]] | None = None
     now = time.time()
     for p in state_dir.glob("twin-*.json"):
@@ -209,6 +227,9 @@ def _running_twin(
             continue
         if select is not None and data.get(select[0]) != select[1]:
             continue
+        died_wall = data.get("died_wall")
+        if since is not None and isinstance(died_wall, (int, float)) and died_wall < since:
+            continue
         try:
             mtime = p.stat().st_mtime
         except OSError:
@@ -228,13 +249,41 @@ def _idle_used_mib(hw: HardwareProfile, i: int) -> int:
     return max(1, round(hw.other_used_gib[i] * 1024)) if i < len(hw.other_used_gib) else 1
 
 
-def read_gpus(env: Mapping[str, str] | None = None, *, reporting: bool = True) -> list[GpuRow]:
-    """Every GPU of the host: from the running twin if there is one, else idle GPUs of the profile.
+def _used_at(data: Mapping[str, object], at: float | None) -> float | None:
+    """A GPU's memory in use at modelled time ``at`` (None: now) from its state; None before its first record."""
+    history = data.get("history")
+    if at is None or not isinstance(history, list) or not history:
+        return float(data["used_mib"])  # type: ignore[arg-type]
+    used: float | None = None
+    for t, mib in history:
+        if t > at:
+            break
+        used = float(mib)
+    return used
+
+
+def _released_by(twin: Mapping[str, object], at: float | None) -> bool:
+    """A dead twin whose memory the driver has released by modelled time ``at``."""
+    died = twin.get("died_at")
+    return at is not None and isinstance(died, (int, float)) and at >= died + RELEASE_S
+
+
+def read_gpus(
+    env: Mapping[str, str] | None = None,
+    *,
+    reporting: bool = True,
+    at: float | None = None,
+    since: float | None = None,
+) -> list[GpuRow]:
+    """Every GPU of the host: from the running twin if there is one, else idle GPUs of the profile; at the
+    twin's modelled time ``at`` (a date, seconds since 1970) from each GPU's history, or as they are now.
 
     ``reporting=False`` for a look that is not shown (a releasing twin's memory then does not count as seen)."""
     env = os.environ if env is None else env
     state_dir = default_state_dir(env)
-    twin = _running_twin(state_dir, _selector(env), reporting=reporting)
+    twin = _running_twin(state_dir, _selector(env), reporting=reporting, since=since)
+    if twin is not None and _released_by(twin, at):
+        twin = None
     hw_name = str(twin["hardware"]) if twin else (env.get("DSV4LAB_TWIN_HARDWARE", "").strip() or DEFAULT_HARDWARE)
     hw = hardware_profile(hw_name)
     util: Mapping[str, float] = {}
@@ -247,7 +296,8 @@ def read_gpus(env: Mapping[str, str] | None = None, *, reporting: bool = True) -
         if twin is not None:
             f = state_dir / f"twin-{twin['pid']}.gpu{i}.json"
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                used = round(float(json.loads(f.read_text(encoding="utf-8"))["used_mib"]))
+                found = _used_at(json.loads(f.read_text(encoding="utf-8")), at)
+                used = used if found is None else round(found)
         rows.append(GpuRow(i, hw.gpu.name, used, hw.gpu.total_mib, round(float(util.get(str(i), 0.0)))))
     return rows
 
@@ -262,6 +312,37 @@ _FIELDS = {
     "memory.free": ("memory.free", "MiB"),
     "utilization.gpu": ("utilization.gpu", "%"),
 }
+
+
+def twin_now(env: Mapping[str, str] | None = None, *, since: float | None = None) -> tuple[float, float | None] | None:
+    """The selected twin's modelled time now (a date, seconds since 1970) and its pace (None: virtual);
+    None when no twin with a clock runs."""
+    env = os.environ if env is None else env
+    state_dir = default_state_dir(env)
+    twin = _running_twin(state_dir, _selector(env), reporting=False, since=since)
+    clock = twin.get("clock") if twin is not None else None
+    if twin is None or not isinstance(clock, dict) or not clock:
+        return None
+    wall = time.time()
+    try:
+        if clock.get("mode") == "paced":
+            return float(clock["epoch"]) + (wall - float(clock["zero_wall"])) / float(clock["pace"]), float(
+                clock["pace"]
+            )
+        died = twin.get("died_at")
+        if isinstance(died, (int, float)):  # dead: its GPUs' time goes on at the wall's rate
+            return float(died) + max(0.0, wall - float(twin["died_wall"])), None  # type: ignore[arg-type]
+        now = float(clock["now"]) + (max(0.0, wall - float(clock["wall"])) if clock.get("idle") else 0.0)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    # Virtual time while the ranks start: the time every GPU has got to (each writes its own).
+    reached = []
+    for f in state_dir.glob(f"twin-{twin['pid']}.gpu*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            t = json.loads(f.read_text(encoding="utf-8")).get("t")
+            if isinstance(t, (int, float)):
+                reached.append(float(t))
+    return (max(now, min(reached)) if reached else now), None
 
 
 def _timestamp(now: float | None = None) -> str:
@@ -381,37 +462,50 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(f"No devices were found with index {missing[0]}\n")
             return 6
 
-    def render() -> str:
-        chosen = [r for r in read_gpus() if ids is None or r.index in ids]
-        return _table(chosen) if fields is None else query(chosen, fields, fmt)
+    started = time.time()
+
+    def render(at: float | None = None) -> str:
+        chosen = [r for r in read_gpus(at=at, since=started if loop_ms else None) if ids is None or r.index in ids]
+        return _table(chosen) if fields is None else query(chosen, fields, fmt, now=at)
 
     if loop_ms is None:
-        sys.stdout.write(render())
+        now = twin_now()
+        sys.stdout.write(render(now[0] if now is not None else None))
         return 0
-    return _loop(render, loop_ms / 1000)
+    return _loop(render, loop_ms / 1000, started)
 
 
-def _loop(render: Callable[[], str], interval_s: float) -> int:
-    """Print a sample every ``interval_s`` on a fixed schedule (no drift), flushing each one, until killed."""
-    next_at = time.monotonic()
+#: How often (wall seconds) the loop looks whether the twin's clock has passed the next sample's moment.
+_LOOK_S = 0.01
+
+
+def _loop(render: Callable[[float], str], interval_s: float, started: float) -> int:
+    """Print a sample at every moment of a fixed schedule on the twin's clock, flushing as they come, until
+    killed. The schedule's step is ``interval_s`` of wall time: ``interval_s / pace`` modelled seconds on a
+    paced twin, ``interval_s`` modelled seconds in virtual time (an idle twin's time follows the wall). With no
+    twin (before it starts, after it is gone) time goes on at the wall's rate from the last reading."""
+    tick: float | None = None
+    last: tuple[float, float] | None = None  # (modelled, wall) of the last reading
     try:
         while True:
+            wall = time.time()
+            reading = twin_now(since=started)
+            if reading is not None:
+                now, pace = reading
+            else:
+                now, pace = (last[0] + (wall - last[1]) if last is not None else wall), None
+            last = (now, wall)
+            step = interval_s / pace if pace else interval_s
+            tick = now if tick is None else tick
             try:
-                text = render()
+                while tick <= now:
+                    sys.stdout.write(render(tick))
+                    tick += step
             except ConfigError as exc:
                 sys.stderr.write(f"{exc}\n")
                 return 2
-            sys.stdout.write(text)
             sys.stdout.flush()
-            next_at += interval_s
-            delay = next_at - time.monotonic()
-            if delay < 0:
-                # Fell behind (a busy machine): skip the missed ticks rather than burst. The next sample is a
-                # whole interval after this late one, not at once: two samples a fraction of a millisecond
-                # apart printed the same timestamp (CI run 38), which no reader of a time series expects.
-                next_at = time.monotonic() + interval_s
-                delay = interval_s
-            time.sleep(delay)
+            time.sleep(min(_LOOK_S, interval_s))
     except (BrokenPipeError, KeyboardInterrupt):
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at interpreter exit

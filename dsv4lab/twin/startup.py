@@ -321,9 +321,14 @@ class _RankStartup:
         self.clock = _Clock(ctx.settings, ctx.clock)
         self.mem = ctx.plan.memory(ctx.settings.seed)
         self.first_graph = True
+        #: (modelled time, MiB in use) at every change: the stand-in samples it on the twin's own clock.
+        self.history: list[tuple[float, float]] = []
 
     def publish(self) -> None:
-        write_gpu_state(self.ctx.settings.state_dir, self.ctx.main_pid, self.ctx.plan.gpu, self.mem.used_gib * 1024)
+        ctx = self.ctx
+        at, used = ctx.clock.stamp(), self.mem.used_gib * 1024
+        self.history.append((at, used))
+        write_gpu_state(ctx.settings.state_dir, ctx.main_pid, ctx.plan.gpu, used, at=at, history=self.history)
 
     def init_distributed(self) -> None:
         ctx = self.ctx
