@@ -10,13 +10,13 @@ measurement, within the twin's run-to-run noise of the grid's best: the grid's b
 more times and the noise is twice the spread (standard deviation) of those runs. The script prints one line
 per seed and a JSON summary.
 
-Every launch is a twin server on this machine (no GPU); ``--time-scale`` shortens the twin's clock (figures are
+Every launch is a twin server on this machine (no GPU), in virtual time unless ``--pace`` paces it (figures are
 on the modelled hardware's clock, as in every report).
 
 Usage::
 
     DSV4LAB_BASE_PORT=25000 .venv/bin/python benchmarks/tune_vs_grid.py [--seeds 5] [--repeats 3]
-        [--time-scale 0.02] [--out tune_vs_grid.json]
+        [--pace 0.02] [--out tune_vs_grid.json]
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3, help="extra runs of the grid's best, for the noise")
-    ap.add_argument("--time-scale", type=float, default=0.02)
+    ap.add_argument("--pace", type=float, default=None, help="pace the twins (default: virtual time)")
     ap.add_argument("--out", default=None, help="write the summary JSON here")
     args = ap.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="tune-vs-grid-"))
-    lab = Lab(run_root=root / "runs", time_scale=args.time_scale, progress=False)
+    lab = Lab(run_root=root / "runs", pace=args.pace, progress=False)
     grid_size = 1
     for values in SPACE.values():
         grid_size *= len(values)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {
             "space": SPACE,
             "load": LOAD,
-            "time_scale": args.time_scale,
+            "pace": args.pace,
             "grid_points": grid_size,
             "ruled_out": len(grid.ruled_out),
             "grid_launches": launchable,

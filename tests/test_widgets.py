@@ -252,9 +252,8 @@ def test_launch_watch_bench_diagnose_stop_on_the_twin(twin_lab: Lab) -> None:
     assert any("<svg" in h for h in p.results.htmls)  # the chart after the table
     assert len(p.server.runs) == 2
     # Every figure the panel shows says its unit, and on the twin it is the modelled hardware's.
-    twin_values = frozenset(f"{r.summary.output_throughput:,.1f}" for r in p.server.runs)
     for i, markup in enumerate(p.results.htmls):
-        assert problems(read_page(markup, f"panel output {i}"), twin=True, twin_values=twin_values) == []
+        assert problems(read_page(markup, f"panel output {i}"), twin=True) == []
 
     p.buttons["diagnose"].click()
     assert p.wait_idle(60)

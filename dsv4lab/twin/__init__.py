@@ -7,7 +7,8 @@ from :mod:`dsv4lab.model.memory` and the twin's own allocation and timing simula
 preset. The package is split so that each module has one job:
 
 ========================  ============================================================================
-``settings``              the ``DSV4LAB_TWIN_*`` environment (hardware, time scale, fault, seed, ...)
+``settings``              the ``DSV4LAB_TWIN_*`` environment (hardware, pace, fault, seed, ...)
+``clock``                 the modelled clock every process of a twin shares (virtual time, or paced)
 ``faults``                the faults a user can rehearse
 ``args``                  SGLang's argparse surface per release, and the ServerConfig it describes
 ``logfmt``                SGLang's log prefix and line formats per release
@@ -15,7 +16,8 @@ preset. The package is split so that each module has one job:
 ``startup``               what a scheduler rank process does and logs while starting
 ``procs``                 forking ranks and the detokenizer, death signals, tree teardown
 ``timing``                the roofline-style decode-step and prefill cost model
-``scheduler``             the continuous-batching loop
+``scheduler``             the continuous-batching loop, a discrete-event simulation on that clock
+``sessions``              announced benchmark runs: when each request arrives on the modelled clock
 ``http``                  the aiohttp server (OpenAI, native, health, info, metrics, profile)
 ``profiler``              torch-profiler-like Chrome traces from the timing model
 ``smi``                   the ``nvidia-smi`` stand-in and its state file
@@ -30,6 +32,7 @@ __all__ = ["TWIN_ENV_VARS"]
 #: Every environment variable the twin reads (the launch line itself stays SGLang's).
 TWIN_ENV_VARS = (
     "DSV4LAB_TWIN_HARDWARE",
+    "DSV4LAB_TWIN_PACE",
     "DSV4LAB_TWIN_TIME_SCALE",
     "DSV4LAB_TWIN_FAULT",
     "DSV4LAB_TWIN_SEED",

@@ -40,6 +40,7 @@ class _Rejected:
     """A session request the twin refused before scheduling it (too long, for one): its slot frees at once."""
 
 
+#: What a session holds for a request the twin refused before scheduling it (its slot frees at its arrival).
 REJECTED = _Rejected()
 
 
