@@ -99,12 +99,16 @@ class Clock:
         return " (modelled)" if self.is_twin else ""
 
     @property
+    def how(self) -> str:
+        """How a twin ran, in a few words: ``in virtual time`` or ``paced at 0.02``."""
+        return "in virtual time" if self.pace is None else f"paced at {self.pace:g}"
+
+    @property
     def caption(self) -> str:
         """A chart subtitle's words for a twin's clock (empty for a real server)."""
         if not self.is_twin:
             return ""
-        how = "in virtual time" if self.pace is None else f"paced at {self.pace:g}"
-        return f"twin run ({how}): times and rates on the modelled hardware's clock"
+        return f"twin run ({self.how}): times and rates on the modelled hardware's clock"
 
     def note(self) -> str:
         """The sentence a page carries once: which clock its figures are on."""

@@ -24,7 +24,7 @@ import gc
 import inspect
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from dsv4lab.atomicfile import to_jsonable
@@ -441,15 +441,13 @@ class _Steps:
         try:
             await self.warmup()
             schedule = await self.prepare(len(specs), profile, profile_output_dir)
-            session = await self.open_session(schedule, self.load.concurrency, self.key)
-            payloads = _payloads(state.endpoint, specs, state.options, self.model, session)
-            gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
-            self.origin = time.perf_counter()
-            try:
-                return await self.dispatch(specs, payloads, schedule)
-            finally:
-                self.wall_duration_s = time.perf_counter() - self.origin
-                await self.close_session(session)
+            async with self.announced(specs, schedule, self.load.concurrency, self.key) as payloads:
+                gc.disable()  # a cyclic-GC pause would land in some request's TTFT or ITL; collected after the run
+                self.origin = time.perf_counter()
+                try:
+                    return await self.dispatch(specs, payloads, schedule)
+                finally:
+                    self.wall_duration_s = time.perf_counter() - self.origin
         except asyncio.CancelledError:
             if not state.interrupted:  # stopped before any request went out: there is nothing to keep
                 if own_progress:
@@ -470,14 +468,10 @@ class _Steps:
         cap = min(load.warmup, load.concurrency or load.warmup)
         self.reporter.update(f"{self.desc} warmup", fraction=0.0, detail=plural(len(warm), "request"))
         schedule = [0.0] * len(warm)
-        session = await self.open_session(schedule, cap, self.key + "|warmup")
-        warm_payloads = _payloads(state.endpoint, warm, state.options, self.model, session)
-        try:
+        async with self.announced(warm, schedule, cap, self.key + "|warmup") as payloads:
             await state.execute(
-                warm, warm_payloads, schedule, cap, time.perf_counter(), lambda _k, _ok: None, paced=self.paced
+                warm, payloads, schedule, cap, time.perf_counter(), lambda _k, _ok: None, paced=self.paced
             )
-        finally:
-            await self.close_session(session)
         await state.watch.settle()
 
     @property
@@ -485,16 +479,22 @@ class _Steps:
         """Whether requests wait for their scheduled time on this machine's clock (all but a virtual twin)."""
         return self.clock.kind != "twin-virtual"
 
-    async def open_session(self, schedule: Sequence[float], cap: int | None, key: str) -> TwinSession | None:
-        """Against the twin, announce the run (:mod:`.twinsession`); None for a real server."""
-        if not self.clock.is_twin or self.state.abort.is_set():
-            return None
-        return await open_twin_session(self.base, schedule, cap, key, headers=self.headers)
-
-    async def close_session(self, session: TwinSession | None) -> None:
-        if session is not None:
-            timeout = CLOSE_AFTER_STOP_S if self.state.interrupted else SESSION_TIMEOUT_S
-            await close_twin_session(self.base, session, headers=self.headers, timeout_s=timeout)
+    @contextlib.asynccontextmanager
+    async def announced(
+        self, specs: Sequence[RequestSpec], schedule: Sequence[float], cap: int | None, key: str
+    ) -> AsyncIterator[list[bytes | SessionRequest]]:
+        """The requests' payloads; against the twin, inside a session that announces the run
+        (:mod:`.twinsession`), closed when the run ends or is stopped."""
+        state = self.state
+        session: TwinSession | None = None
+        if self.clock.is_twin and not state.abort.is_set():
+            session = await open_twin_session(self.base, schedule, cap, key, headers=self.headers)
+        try:
+            yield _payloads(state.endpoint, specs, state.options, self.model, session)
+        finally:
+            if session is not None:
+                timeout = CLOSE_AFTER_STOP_S if state.interrupted else SESSION_TIMEOUT_S
+                await close_twin_session(self.base, session, headers=self.headers, timeout_s=timeout)
 
     async def prepare(self, n: int, profile: bool, profile_output_dir: str | None) -> list[float]:
         """Flush the cache, open the connections (``ttft_clock="send"``), start the profiler; the schedule."""

@@ -56,8 +56,8 @@ class LatencyLimit:
         value = self.value(result)
         return not math.isnan(value) and value <= self.limit_ms
 
-    def request_ms(self, row: Mapping[str, Any], scale: float) -> float:
-        """One request's own value of this latency (ms on the reader's clock; ``scale`` converts the twin's)."""
+    def request_ms(self, row: Mapping[str, Any]) -> float:
+        """One request's own value of this latency (ms on the reader's clock: a twin's records are its stamps)."""
         if self.latency == "itl":
             gaps = [g for g in (row.get("itl_ms") or []) if g is not None]
             if not gaps:
@@ -68,9 +68,9 @@ class LatencyLimit:
                 own = float(np.median(gaps))
             else:
                 own = float(np.percentile(gaps, float(self.statistic[1:])))
-            return own * scale
+            return own
         value = row.get(f"{self.latency}_ms")
-        return math.nan if value is None else float(value) * scale
+        return math.nan if value is None else float(value)
 
 
 def parse_slo(spec: Mapping[str, Any] | Sequence[str] | str | None) -> tuple[LatencyLimit, ...]:
@@ -113,13 +113,12 @@ def parse_slo(spec: Mapping[str, Any] | Sequence[str] | str | None) -> tuple[Lat
 
 def good_requests(result: BenchResult, limits: Sequence[LatencyLimit]) -> int:
     """Requests that completed and met every limit on their own."""
-    scale = 1.0  # a twin's records are on the modelled clock already (its stamps)
     good = 0
     rows: list[dict[str, Any]] = result.requests.to_dict("records")  # type: ignore[assignment]
     for row in rows:
         if row.get("status") != "ok":
             continue
-        values = [(limit, limit.request_ms(row, scale)) for limit in limits]
+        values = [(limit, limit.request_ms(row)) for limit in limits]
         if all(not math.isnan(v) and v <= limit.limit_ms for limit, v in values):
             good += 1
     return good

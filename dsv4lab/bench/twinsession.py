@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from dsv4lab.bench.serverinfo import _post as post
 from dsv4lab.errors import BenchError
 
 __all__ = ["TwinSession", "close_twin_session", "open_twin_session"]
@@ -50,20 +51,9 @@ async def open_twin_session(
 ) -> TwinSession:
     """Announce a run of ``len(schedule)`` requests; a refusal is a :class:`BenchError` naming why."""
     body = {"schedule": [float(t) for t in schedule], "cap": cap, "key": key}
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    url = f"{base_url}/twin/sessions"
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as http,
-            http.post(url, json=body, headers=dict(headers or {})) as resp,
-        ):
-            text = await resp.text()
-    except (asyncio.TimeoutError, TimeoutError):
-        raise BenchError(f"POST {url} got no answer within {timeout_s:g} s") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise BenchError(f"POST {url} failed: {exc}") from None
-    if resp.status != 200:
-        raise BenchError(f"the twin refused the benchmark's session (HTTP {resp.status}: {text[:300]})")
+    status, text = await post(f"{base_url}/twin/sessions", body=body, timeout_s=timeout_s, headers=headers)
+    if status != 200:
+        raise BenchError(f"the twin refused the benchmark's session (HTTP {status}: {text[:300]})")
     data = json.loads(text)
     return TwinSession(str(data["id"]), str(data.get("clock", "")))
 

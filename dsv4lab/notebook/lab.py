@@ -704,14 +704,11 @@ class Lab:
             return profile
         return f"none named: the host's own (a host without GPUs is read for its memory; {profile} for GPU estimates)"
 
-    def _pace_words(self) -> str:
-        return "virtual time" if self.pace is None else f"paced at {self.pace:g} wall s per modelled s"
-
     def _repr_html_(self) -> str:
         facts: list[tuple[str, object]] = [
             ("host", self.host.name + (" (Slurm login host)" if self.slurm is not None else "")),
             *([("Slurm", self.slurm.words())] if self.slurm is not None else []),
-            ("target", self.target + (f" ({self._pace_words()})" if self.engine.rehearsal else "")),
+            ("target", self.target + (f" ({self.clock.how})" if self.engine.rehearsal else "")),
             ("hardware", self._hardware_words()),
             ("flags", self.engine.release_words(self.version)),
             ("results", str(self.run_root)),
