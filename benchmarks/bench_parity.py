@@ -1,6 +1,6 @@
 """Parity of ``dsv4lab bench`` with SGLang's own ``bench_serving``: the same twin, the same workload, both clients.
 
-One twin (Config A on the rtx-pro-6000-x8 profile, SGLang 0.5.23 syntax, time scale 0.1 by default) serves
+One twin (Config A on the rtx-pro-6000-x8 profile, SGLang 0.5.23 syntax, paced at 0.1 by default) serves
 every run. At each concurrency level the clients take turns, and the order flips every repeat (so drift in
 the twin lands on both): SGLang 0.5.23's ``bench_serving`` (``--backend sglang``, the ``/generate``
 endpoint, ``random-ids`` prompts of fixed length), ``dsv4lab bench`` in its compatible mode (``--ttft-clock
@@ -10,13 +10,18 @@ transformers, and one full collection takes hundreds of ms on a slow core). Each
 bench_serving's JSONL (dsv4lab through ``--output-file``), and the script prints dsv4lab / bench_serving for
 every shared metric — the ratio of the means over the repeats, and the range of the per-repeat ratios.
 
+Against the twin, dsv4lab takes its figures from the twin's stamps (modelled seconds), while bench_serving
+reads the wall clock of a paced twin; its times are divided by the pace (and its rates multiplied) so both
+are on the modelled scale. A ratio off 1 is then bench_serving's reading of the host's lag, not a difference
+of definitions: for those, ``benchmarks/vllm_parity.py`` compares both clients' wall clocks on a real engine.
+
 The real ``bench_serving`` comes from the venv ``make test`` builds (``benchmarks/sglang_peer.py``); without
 it the script says why and stops. Both clients run in this machine's shared CPUs beside the twin, one at a
 time.
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_parity.py [--repeats 2] [--concurrency 1,16] [--time-scale 0.1] [--explain-gc]
+    .venv/bin/python benchmarks/bench_parity.py [--repeats 2] [--concurrency 1,16] [--pace 0.1] [--explain-gc]
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_twin(port: int, time_scale: float, work: Path) -> subprocess.Popen[bytes]:
+def _start_twin(port: int, pace: float, work: Path) -> subprocess.Popen[bytes]:
     from dsv4lab.config.launch_script import render_argv
     from dsv4lab.config.presets import config_a
 
@@ -70,7 +75,7 @@ def _start_twin(port: int, time_scale: float, work: Path) -> subprocess.Popen[by
     env = {
         **os.environ,
         "DSV4LAB_TWIN_HARDWARE": "rtx-pro-6000-x8",
-        "DSV4LAB_TWIN_TIME_SCALE": str(time_scale),
+        "DSV4LAB_TWIN_PACE": str(pace),
         "DSV4LAB_TWIN_STATE_DIR": str(work / "twin-state"),
     }
     log = (work / "twin.log").open("ab")
@@ -121,7 +126,20 @@ def _peer(
     argv += ["--num-prompts", str(args.num_prompts), "--random-input-len", str(args.input_len)]
     argv += ["--random-output-len", str(args.output_len), "--random-range-ratio", "1"]
     argv += ["--max-concurrency", str(level), "--warmup-requests", "1", "--seed", str(seed), "--disable-tqdm"]
-    return run_peer(peer, argv, out, gc_off=gc_off).result
+    return _on_modelled_scale(run_peer(peer, argv, out, gc_off=gc_off).result, args.pace)
+
+
+def _on_modelled_scale(record: dict[str, Any], pace: float) -> dict[str, Any]:
+    """bench_serving's wall-clock reading of a paced twin, in the twin's modelled seconds (what dsv4lab reports)."""
+    out = dict(record)
+    for key, value in record.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if key.endswith("_ms") or key in ("duration", "e2e_latency"):
+            out[key] = value / pace
+        elif key.endswith("_throughput"):
+            out[key] = value * pace
+    return out
 
 
 def _ratio_line(metric: str, ours: list[float], theirs: list[float], check: bool) -> str:
@@ -146,7 +164,7 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--time-scale", type=float, default=0.1, help="twin time scale (default 0.1)")
+    parser.add_argument("--pace", type=float, default=0.1, help="the twin's pace on the wall clock (default 0.1)")
     parser.add_argument(
         "--explain-gc",
         action="store_true",
@@ -162,7 +180,7 @@ def main() -> int:
         return 2
     levels = [int(x) for x in args.concurrency.split(",") if x]
     port = _free_port()
-    twin = _start_twin(port, args.time_scale, work)
+    twin = _start_twin(port, args.pace, work)
     url = f"http://127.0.0.1:{port}"
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     try:
@@ -189,7 +207,8 @@ def main() -> int:
 
     print()
     print(
-        f"twin: Config A, rtx-pro-6000-x8, SGLang 0.5.23 syntax, time scale {args.time_scale:g}; workload "
+        f"twin: Config A, rtx-pro-6000-x8, SGLang 0.5.23 syntax, paced at {args.pace:g} "
+        "(bench_serving scaled to modelled time); workload "
         f"{args.num_prompts} prompts, {args.input_len} in / {args.output_len} out (fixed), /generate; "
         f"{args.repeats} alternating repeats"
     )

@@ -9,11 +9,12 @@ tokens (same core, same client), so the result is a ratio that survives noisy ma
 
     .venv/bin/python benchmarks/twin_capacity.py capacity --streams 1000 --tokens 64
 
-``calibrate``: the story's Config A and Config B-fixed on ``rtx-pro-6000-x8`` (time-scaled), at
+``calibrate``: the story's Config A and Config B-fixed on ``rtx-pro-6000-x8`` (paced on the wall clock), at
 concurrency 1 and 16 with the story workload (8,000-token prompts, so decode runs at ~8K context);
-reports steady-state decode tok/s converted back to real time (measured / time scale).
+reports steady-state decode tok/s converted back to modelled time (measured × pace): a
+wall-clock reading of a paced twin, so it also shows what host lag costs against the stamps' figures.
 
-    .venv/bin/python benchmarks/twin_capacity.py calibrate --time-scale 0.05
+    .venv/bin/python benchmarks/twin_capacity.py calibrate --pace 0.05
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def capacity(streams: int, tokens: int, server_cpu: int, client_cpu: int) -> dic
         port = free_port()
         env = {
             "DSV4LAB_TWIN_HARDWARE": "tiny",
-            "DSV4LAB_TWIN_TIME_SCALE": "1",
+            "DSV4LAB_TWIN_PACE": "1",
             "DSV4LAB_TWIN_STATE_DIR": tmp,
         }
         twin = start_twin(
@@ -243,7 +244,7 @@ async def decode_rate(base: str, concurrency: int, prompt: int, new_tokens: int)
     return tokens / (end - start) if end > start else 0.0
 
 
-def calibrate(time_scale: float, prompt: int, new_tokens: int) -> dict[str, float]:
+def calibrate(pace: float, prompt: int, new_tokens: int) -> dict[str, float]:
     from dsv4lab.config.hardware import hardware_profile
     from dsv4lab.config.launch_script import render_argv
     from dsv4lab.config.presets import config_a, config_b_fixed
@@ -260,7 +261,7 @@ def calibrate(time_scale: float, prompt: int, new_tokens: int) -> dict[str, floa
             port = free_port()
             env = {
                 "DSV4LAB_TWIN_HARDWARE": "rtx-pro-6000-x8",
-                "DSV4LAB_TWIN_TIME_SCALE": str(time_scale),
+                "DSV4LAB_TWIN_PACE": str(pace),
                 "DSV4LAB_TWIN_STATE_DIR": tmp,
                 "DSV4LAB_TWIN_KERNEL_CONFIG_DIR": str(kdir),
                 "DSV4LAB_TWIN_SGLANG_VERSION": "0.5.23",
@@ -271,7 +272,7 @@ def calibrate(time_scale: float, prompt: int, new_tokens: int) -> dict[str, floa
                 asyncio.run(wait_health(f"http://127.0.0.1:{port}", twin))
                 for c in (1, 16):
                     rate = asyncio.run(decode_rate(f"http://127.0.0.1:{port}", c, prompt, new_tokens))
-                    out[f"{name} C={c}"] = rate * time_scale
+                    out[f"{name} C={c}"] = rate * pace
             finally:
                 kill_tree(twin)
     out["B-fixed/A at C=1"] = out["B-fixed C=1"] / out["A C=1"]
@@ -292,12 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--server-cpu", type=int, default=0)
     c.add_argument("--client-cpu", type=int, default=1)
     k = sub.add_parser("calibrate")
-    k.add_argument("--time-scale", type=float, default=0.05)
+    k.add_argument("--pace", type=float, default=0.05, help="the twin paced: the decode rate is read on the wall clock")
     k.add_argument("--prompt", type=int, default=8000)
     k.add_argument("--new-tokens", type=int, default=64)
     ns = p.parse_args(args or ["capacity"])
     if ns.mode == "calibrate":
-        res = calibrate(ns.time_scale, ns.prompt, ns.new_tokens)
+        res = calibrate(ns.pace, ns.prompt, ns.new_tokens)
     else:
         res = capacity(ns.streams, ns.tokens, ns.server_cpu, ns.client_cpu)
     for key, value in res.items():

@@ -75,9 +75,7 @@ def pct(xs: list[float], q: float) -> float:
 def one(host: SSHHost, kind: str, root: Path, i: int, scale: str) -> float:
     config = (config_b() if kind == "crash" else config_a()).replace(port=free_port())
     run_dir = str(root / f"{kind}-{i}")
-    handle = launch(
-        host, config, run_dir, target="twin", python=sys.executable, twin_env={"DSV4LAB_TWIN_TIME_SCALE": scale}
-    )
+    handle = launch(host, config, run_dir, target="twin", python=sys.executable, twin_env={"DSV4LAB_TWIN_PACE": scale})
     observer = Observer(run_dir)
     observer.start()
     try:
@@ -98,7 +96,11 @@ def one(host: SSHHost, kind: str, root: Path, i: int, scale: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--time-scale", default="0.02", help="twin time scale (startup about 1 s at 0.02)")
+    parser.add_argument(
+        "--pace",
+        default="0.02",
+        help="the twin's pace (startup about 1 s at 0.02): the watcher's latency is wall time",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dsv4lab-watch-bench-") as tmp:
         root = Path(tmp)
@@ -109,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             figures: dict[str, list[float]] = {"crash": [], "ready": []}
             for kind in ("crash", "ready"):
                 for i in range(args.runs):
-                    figures[kind].append(one(host, kind, root, i, args.time_scale))
+                    figures[kind].append(one(host, kind, root, i, args.pace))
             host.close()
         finally:
             for _ in sshd_iter:  # runs the generator's cleanup
                 pass
     story = {"crash": STORY_POLL_S * STORY_ROUNDS, "ready": STORY_POLL_S / 2}
-    print(f"watcher over loopback SSH, {args.runs} runs each (twin time scale {args.time_scale})")
+    print(f"watcher over loopback SSH, {args.runs} runs each (twin paced at {args.pace})")
     print(f"{'event':<8}{'p50 s':>10}{'p95 s':>10}{'max s':>10}   story's loop (25 s last-line poll)")
     for kind, xs in figures.items():
         note = "400 s: gives up, never says CRASHED" if kind == "crash" else "12.5 s on average (0-25 s)"
