@@ -109,12 +109,13 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# Two workers (pytest-xdist), a test file to each: most tests wait on processes, kernels and the twin's
+# Three workers (pytest-xdist) on two cores, a test file to each (measured: pytest 690 s with two, 538 s with
+# three, 520 s with four): most tests wait on processes, kernels and the twin's
 # clock, not on a CPU; a file's module fixtures (the campaign) run once. The order is xdist's own (files with the
 # most tests first) but for the real-vLLM campaign, one 210 s test that otherwise came last and ran alone
 # (tests/conftest.py). Longest files first was measured slower on 2 cores (pytest 1396 s against 1222 s, with
 # about 120 s of new tests): the files that load the CPUs most (the campaigns, vLLM) then ran together.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The real parts the tests use. Debian's packages one after the other (apt holds one lock); the SGLang parser venvs
