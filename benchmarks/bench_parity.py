@@ -135,7 +135,7 @@ def _on_modelled_scale(record: dict[str, Any], pace: float) -> dict[str, Any]:
     for key, value in record.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
-        if key.endswith("_ms") or key in ("duration", "e2e_latency"):
+        if key.endswith("_ms") or key == "duration":
             out[key] = value / pace
         elif key.endswith("_throughput"):
             out[key] = value * pace
